@@ -1,0 +1,107 @@
+"""Scalar and pointer data types: itemsize, numpy equivalent and C name for each."""
+from __future__ import annotations
+from dataclasses import dataclass
+import functools
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+  """A scalar type. Each exists once (compared by identity; unpickling returns the same object)."""
+  name: str
+  itemsize: int
+  kind: str            # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float
+  cname: str
+  np_name: str | None  # numpy dtype name, None where numpy has no equivalent (bfloat16)
+
+  @property
+  def np(self) -> np.dtype | None: return None if self.np_name is None else np.dtype(self.np_name)
+  @property
+  def is_float(self) -> bool: return self.kind == 'f'
+  @property
+  def is_int(self) -> bool: return self.kind in 'iu'
+  @property
+  def is_unsigned(self) -> bool: return self.kind == 'u'
+  @property
+  def is_bool(self) -> bool: return self.kind == 'b'
+  def ptr(self, addrspace: str = "global") -> PtrDType: return _ptr(self, addrspace)
+  def __reduce__(self): return getattr, (dtypes, self.name)
+  def __repr__(self): return f"dtypes.{self.name}"
+
+
+@functools.cache
+def _ptr(base: DType, addrspace: str) -> PtrDType: return PtrDType(base, addrspace)
+
+
+@dataclass(frozen=True, eq=True)
+class PtrDType:
+  """A pointer to `base` elements in an address space ('global', 'local' or 'reg')."""
+  base: DType
+  addrspace: str = "global"
+
+  @property
+  def name(self) -> str: return f"{self.base.name}*"
+  @property
+  def itemsize(self) -> int: return 8
+  @property
+  def cname(self) -> str: return f"{self.base.cname}*"
+  kind = 'p'
+  is_float = is_int = is_unsigned = is_bool = False
+  def __reduce__(self): return _ptr, (self.base, self.addrspace)
+  def __repr__(self): return f"{self.base!r}.ptr({self.addrspace!r})"
+
+
+class dtypes:
+  bool = DType("bool", 1, 'b', "bool", "bool")
+  int8 = DType("int8", 1, 'i', "signed char", "int8")
+  int16 = DType("int16", 2, 'i', "short", "int16")
+  int32 = DType("int32", 4, 'i', "int", "int32")
+  int64 = DType("int64", 8, 'i', "long long", "int64")
+  uint8 = DType("uint8", 1, 'u', "unsigned char", "uint8")
+  uint16 = DType("uint16", 2, 'u', "unsigned short", "uint16")
+  uint32 = DType("uint32", 4, 'u', "unsigned int", "uint32")
+  uint64 = DType("uint64", 8, 'u', "unsigned long long", "uint64")
+  float16 = DType("float16", 2, 'f', "half", "float16")
+  bfloat16 = DType("bfloat16", 2, 'f', "__bf16", None)
+  float32 = DType("float32", 4, 'f', "float", "float32")
+  float64 = DType("float64", 8, 'f', "double", "float64")
+  void = DType("void", 0, 'v', "void", None)
+  # the integer type of index arithmetic
+  index = int32
+  default_float = float32
+  default_int = int32
+
+  @staticmethod
+  def all() -> list[DType]:
+    return [v for v in vars(dtypes).values() if isinstance(v, DType) and v.kind != 'v']
+
+  @staticmethod
+  def from_numpy(dt) -> DType:
+    dt = np.dtype(dt)
+    for d in dtypes.all():
+      if d.np_name == dt.name: return d
+    raise TypeError(f"numpy dtype {dt} has no Graft equivalent")
+
+  @staticmethod
+  def from_py(x) -> DType:
+    """The dtype a Python scalar (or nested list of them) gets by default."""
+    if isinstance(x, (bool, np.bool_)): return dtypes.bool
+    if isinstance(x, (int, np.integer)): return dtypes.default_int
+    if isinstance(x, (float, np.floating)): return dtypes.default_float
+    if isinstance(x, (list, tuple)):
+      kinds = [dtypes.from_py(v) for v in x]
+      if not kinds: return dtypes.default_float
+      return max(kinds, key=lambda d: "bif".index(d.kind) if d.kind in "bif" else 1)
+    raise TypeError(f"cannot infer a dtype for {type(x).__name__} {x!r}")
+
+  @staticmethod
+  def min(d: DType):
+    if d.is_bool: return False
+    if d.is_int: return 0 if d.is_unsigned else -(2 ** (8 * d.itemsize - 1))
+    return -float("inf")
+
+  @staticmethod
+  def max(d: DType):
+    if d.is_bool: return True
+    if d.is_int: return 2 ** (8 * d.itemsize) - 1 if d.is_unsigned else 2 ** (8 * d.itemsize - 1) - 1
+    return float("inf")

@@ -1,0 +1,246 @@
+"""UOp: the one immutable, hash-consed graph node of every level of the compiler.
+
+Building a UOp equal to a live one returns that very object, so `a is b` is structural equality, equal
+subexpressions are shared for free, and a UOp keys a dict by identity in O(1).
+"""
+from __future__ import annotations
+import math, weakref
+from typing import Any, Iterator
+from .ops import Ops, GroupOp
+from .dtypes import DType, PtrDType, dtypes
+
+
+def _arg_key(arg):
+  # 0.0 == -0.0 and 1 == 1.0 == True in Python; the cache key must tell them apart (a CONST -0.0 is not a CONST 0.0)
+  if arg.__class__ is float: return (float, arg.hex() if arg == arg else "nan")
+  if arg.__class__ is bool: return (bool, arg)
+  return arg
+
+
+class _UOpFields:
+  # The fields are set on an instance of this mutable base, then the instance becomes a UOp by a __class__ switch:
+  # that is three times cheaper than object.__setattr__ on an immutable class, and UOp construction is a hot path.
+  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "__weakref__")
+
+
+_cache: dict[tuple, weakref.ReferenceType] = {}
+
+
+class UOp(_UOpFields):
+  __slots__ = ()
+  op: Ops
+  dtype: DType
+  src: tuple[UOp, ...]
+  arg: Any
+
+  def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
+    if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
+    u = object.__new__(_UOpFields)
+    u.op, u.dtype, u.src, u.arg, u._key = op, dtype, src, arg, key
+    u.__class__ = UOp
+    _cache[key] = weakref.ref(u)
+    return u
+
+  def __init__(self, *args, **kwargs): pass
+  def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: cannot set {name!r}; build a new one with .replace()")
+  def __delattr__(self, name): raise AttributeError(f"UOp is immutable: cannot delete {name!r}")
+  def __del__(self):
+    try:
+      key = _UOpFields._key.__get__(self)
+      if (ref := _cache.get(key)) is not None and ref() in (self, None): del _cache[key]
+    except Exception: pass  # interpreter shutdown, or a node that never finished construction
+  def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
+  def __copy__(self): return self
+  def __deepcopy__(self, memo): return self
+  def __bool__(self): raise TypeError("a UOp has no truth value; compare with `is`, or use .where() to select")
+
+  def replace(self, **changes) -> UOp:
+    op, dtype, src, arg = (changes.pop(k, getattr(self, k)) for k in ("op", "dtype", "src", "arg"))
+    if changes: raise TypeError(f"UOp.replace got unknown fields {sorted(changes)}")
+    return UOp(op, dtype, tuple(src), arg)
+
+  # ---- graph walks (iterative: a 200,000-deep chain must not hit the recursion limit) ----
+  @property
+  def toposort(self) -> dict[UOp, None]:
+    """Every node reachable from self, sources before users, as an ordered dict (cached)."""
+    try: return _UOpFields._topo.__get__(self)
+    except AttributeError: pass
+    order: dict[UOp, None] = {}
+    stack = [(self, False)]
+    while stack:
+      node, expanded = stack.pop()
+      if node in order: continue
+      if expanded: order[node] = None; continue
+      try:
+        cached = _UOpFields._topo.__get__(node)
+        for n in cached:
+          if n not in order: order[n] = None
+        continue
+      except AttributeError: pass
+      stack.append((node, True))
+      for s in reversed(node.src):
+        if s not in order: stack.append((s, False))
+    _UOpFields._topo.__set__(self, order)
+    return order
+
+  def sparents(self) -> Iterator[UOp]: return iter(self.toposort)
+
+  # ---- construction helpers ----
+  @staticmethod
+  def const(dtype: DType, value) -> UOp:
+    return UOp(Ops.CONST, dtype, (), _as_dtype_value(dtype, value))
+
+  @staticmethod
+  def variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.index) -> UOp:
+    if vmin > vmax: raise ValueError(f"variable {name!r}: min {vmin} > max {vmax}")
+    return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+
+  def alu(self, op: Ops, *src: UOp | int | float | bool) -> UOp:
+    srcs = (self,) + tuple(s if isinstance(s, UOp) else UOp.const(self.dtype, s) for s in src)
+    out_dtype = dtypes.bool if op in GroupOp.Comparison else (srcs[-1].dtype if op is Ops.WHERE else self.dtype)
+    return UOp(op, out_dtype, srcs)
+
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
+
+  def _other(self, x) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
+  def __add__(self, x): return UOp(Ops.ADD, self.dtype, (self, self._other(x)))
+  def __radd__(self, x): return UOp(Ops.ADD, self.dtype, (self._other(x), self))
+  def __mul__(self, x): return UOp(Ops.MUL, self.dtype, (self, self._other(x)))
+  def __rmul__(self, x): return UOp(Ops.MUL, self.dtype, (self._other(x), self))
+  def __neg__(self): return UOp(Ops.NEG, self.dtype, (self,)) if self.dtype.is_float else self * -1
+  def __sub__(self, x): return self + (-self._other(x))
+  def __rsub__(self, x): return self._other(x) + (-self)
+  def __floordiv__(self, x): return UOp(Ops.IDIV, self.dtype, (self, self._other(x)))
+  def __rfloordiv__(self, x): return UOp(Ops.IDIV, self.dtype, (self._other(x), self))
+  def __truediv__(self, x): return UOp(Ops.FDIV, self.dtype, (self, self._other(x)))
+  def __mod__(self, x): return UOp(Ops.MOD, self.dtype, (self, self._other(x)))
+  def __rmod__(self, x): return UOp(Ops.MOD, self.dtype, (self._other(x), self))
+  def __lt__(self, x): return UOp(Ops.CMPLT, dtypes.bool, (self, self._other(x)))
+  def __gt__(self, x): return UOp(Ops.CMPLT, dtypes.bool, (self._other(x), self))
+  def __and__(self, x): return UOp(Ops.AND, self.dtype, (self, self._other(x)))
+  def __or__(self, x): return UOp(Ops.OR, self.dtype, (self, self._other(x)))
+  def __xor__(self, x): return UOp(Ops.XOR, self.dtype, (self, self._other(x)))
+  def __lshift__(self, x): return UOp(Ops.SHL, self.dtype, (self, self._other(x)))
+  def __rshift__(self, x): return UOp(Ops.SHR, self.dtype, (self, self._other(x)))
+  def ne(self, x): return UOp(Ops.CMPNE, dtypes.bool, (self, self._other(x)))
+  def eq(self, x): return self.ne(x) ^ True
+  def maximum(self, x): return UOp(Ops.MAX, self.dtype, (self, self._other(x)))
+  def minimum(self, x): return -((-self).maximum(-self._other(x)))
+  def where(self, a, b):
+    a = a if isinstance(a, UOp) else UOp.const(b.dtype if isinstance(b, UOp) else dtypes.from_py(a), a)
+    return UOp(Ops.WHERE, a.dtype, (self, a, a._other(b)))
+  def logical_not(self): return self.ne(True)
+
+  # ---- value bounds ----
+  @property
+  def vmin(self): return self._bounds_of()[0]
+  @property
+  def vmax(self): return self._bounds_of()[1]
+  def _bounds_of(self) -> tuple:
+    try: return _UOpFields._bounds.__get__(self)
+    except AttributeError: pass
+    # fill the cache sources-first, so that no bound is computed recursively
+    for node in self.toposort:
+      try: _UOpFields._bounds.__get__(node)
+      except AttributeError: _UOpFields._bounds.__set__(node, _bounds(node))
+    return _UOpFields._bounds.__get__(self)
+
+  @property
+  def is_const(self) -> bool: return self.op is Ops.CONST
+
+  # ---- printing ----
+  def __repr__(self) -> str:
+    return pretty(self) if len(self.toposort) <= 12 else _short(self) + f" <{len(self.toposort)} nodes; .pretty() shows all>"
+  def pretty(self) -> str: return pretty(self)
+
+
+def _short(u: UOp) -> str:
+  arg = "" if u.arg is None else f", arg={u.arg!r}"
+  return f"UOp({u.op}, {u.dtype}{arg}, src=<{len(u.src)}>)"
+
+
+def pretty(root: UOp) -> str:
+  """Multi-line form of a graph; a node used more than once is labelled `%n` where first printed, then named by its label."""
+  users: dict[UOp, int] = {}
+  for n in root.toposort:
+    for s in n.src: users[s] = users.get(s, 0) + 1
+  labels: dict[UOp, str] = {}
+  lines: list[str] = []
+  stack: list[tuple[UOp | None, int]] = [(root, 0)]  # (None, depth) closes the source list opened at that depth
+  while stack:
+    node, depth = stack.pop()
+    pad = "  " * depth
+    if node is None: lines[-1] = lines[-1].rstrip(",") + ")),"; continue
+    if node in labels: lines.append(f"{pad}{labels[node]},"); continue
+    label = ""
+    if users.get(node, 0) > 1:
+      labels[node] = f"%{len(labels)}"
+      label = f"{labels[node]} = "
+    arg = "" if node.arg is None else f", arg={node.arg!r}"
+    if not node.src: lines.append(f"{pad}{label}UOp({node.op}, {node.dtype}{arg}),"); continue
+    lines.append(f"{pad}{label}UOp({node.op}, {node.dtype}{arg}, src=(")
+    stack.append((None, depth))
+    for s in reversed(node.src): stack.append((s, depth + 1))
+  return "\n".join(lines).rstrip(",")
+
+
+def _as_dtype_value(dtype: DType, value):
+  if isinstance(dtype, PtrDType): raise TypeError(f"a constant cannot have pointer type {dtype}")
+  if dtype.is_bool: return bool(value)
+  if dtype.is_int:
+    if isinstance(value, float) and not value.is_integer(): raise TypeError(f"constant {value!r} is not an integer of {dtype}")
+    return int(value)
+  if dtype.is_float: return float(value)
+  return value
+
+
+def _bounds(u: UOp) -> tuple:
+  """(vmin, vmax) of u from the bounds of its sources, which are already cached."""
+  op, s, dt = u.op, u.src, u.dtype
+  if op is Ops.CONST: return (u.arg, u.arg)
+  if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+  if op is Ops.RANGE: return (0, s[0].vmax - 1) if s else (dtypes.min(dt), dtypes.max(dt))
+  if op is Ops.SPECIAL: return (0, u.arg[1] - 1)
+  if isinstance(dt, PtrDType) or dt.kind == 'v': return (None, None)
+  b = [x._bounds_of() for x in s]
+  if any(lo is None for lo, _ in b): return (dtypes.min(dt), dtypes.max(dt))
+  if op is Ops.ADD: return (b[0][0] + b[1][0], b[0][1] + b[1][1])
+  if op is Ops.MUL:
+    prods = [x * y for x in b[0] for y in b[1] if not (math.isinf(x) or math.isinf(y)) or (x != 0 and y != 0)]
+    return (min(prods), max(prods)) if len(prods) == 4 else (dtypes.min(dt), dtypes.max(dt))
+  if op is Ops.NEG: return (-b[0][1], -b[0][0])
+  if op is Ops.MAX: return (max(b[0][0], b[1][0]), max(b[0][1], b[1][1]))
+  if op is Ops.WHERE:
+    if b[0] == (True, True): return b[1]
+    if b[0] == (False, False): return b[2]
+    return (min(b[1][0], b[2][0]), max(b[1][1], b[2][1]))
+  if dt.is_bool:
+    if op is Ops.CMPLT:
+      if b[0][1] < b[1][0]: return (True, True)
+      if b[0][0] >= b[1][1]: return (False, False)
+    elif op is Ops.CMPNE:
+      if b[0][1] < b[1][0] or b[0][0] > b[1][1]: return (True, True)
+      if b[0][0] == b[0][1] == b[1][0] == b[1][1]: return (False, False)
+    elif op is Ops.AND: return (b[0][0] and b[1][0], b[0][1] and b[1][1])
+    elif op is Ops.OR: return (b[0][0] or b[1][0], b[0][1] or b[1][1])
+    elif op is Ops.CAST: return (bool(b[0][0]) if b[0][0] == b[0][1] else False, bool(b[0][1]) or b[0][0] != 0)
+    return (False, True)
+  if dt.is_int:
+    lo_t, hi_t = dtypes.min(dt), dtypes.max(dt)
+    if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0:  # C division truncates: monotonic in the dividend
+      c = s[1].arg
+      return (_trunc_div(b[0][0], c), _trunc_div(b[0][1], c))
+    if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0:
+      c = s[1].arg
+      if b[0][0] >= 0: return (b[0][0] % c, b[0][1] % c) if b[0][1] // c == b[0][0] // c else (0, c - 1)
+      return (max(b[0][0], -(c - 1)), min(max(b[0][1], 0), c - 1))
+    if op is Ops.CAST: return (max(lo_t, _int_or(b[0][0], lo_t)), min(hi_t, _int_or(b[0][1], hi_t)))
+    if op in (Ops.AND,) and b[0][0] >= 0 and b[1][0] >= 0: return (0, min(b[0][1], b[1][1]))
+    return (lo_t, hi_t)
+  return (dtypes.min(dt), dtypes.max(dt))
+
+
+def _trunc_div(a: int, c: int) -> int: return -((-a) // c) if a < 0 else a // c
+def _int_or(x, default):
+  return int(x) if isinstance(x, (int, bool)) or (isinstance(x, float) and math.isfinite(x)) else default
