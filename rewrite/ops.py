@@ -7,7 +7,7 @@ class Ops(Enum):
   SINK = auto(); NOOP = auto()
   # tensor level
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE_AXIS = auto(); CONTIGUOUS = auto(); COPY = auto(); ASSIGN = auto()
-  DEFINE_VAR = auto()
+  DEFINE_VAR = auto(); IOTA = auto()
   # kernel level
   KERNEL = auto(); DEFINE_GLOBAL = auto(); LOAD = auto(); STORE = auto(); INDEXED = auto()
   # loop level
@@ -16,8 +16,8 @@ class Ops(Enum):
   # ALU unary
   CAST = auto(); BITCAST = auto(); NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   # ALU binary
-  ADD = auto(); SUB = auto(); MUL = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); FDIV = auto(); POW = auto()
-  CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
+  ADD = auto(); MUL = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); FDIV = auto()
+  CMPLT = auto(); CMPNE = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
   # ALU ternary
   WHERE = auto(); MULACC = auto()
 
@@ -26,14 +26,14 @@ class Ops(Enum):
 
 class GroupOp:
   Unary = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC})
-  Binary = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.FDIV, Ops.POW, Ops.CMPLT, Ops.CMPNE,
-                      Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+  Binary = frozenset({Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.FDIV, Ops.CMPLT, Ops.CMPNE,
+                      Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
   Ternary = frozenset({Ops.WHERE, Ops.MULACC})
   ALU = Unary | Binary | Ternary
   Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
-  Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR})
-  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ})
-  Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN})
+  Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+  Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
+  Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN})
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
                     Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL})
