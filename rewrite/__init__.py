@@ -2,3 +2,10 @@
 from .ops import Ops, GroupOp
 from .dtypes import DType, PtrDType, dtypes
 from .uop import UOp, pretty
+from .upat import UPat
+from .matcher import PatternMatcher, Rule
+from .graph_rewrite import graph_rewrite, RewriteLoopError, RuleError
+from . import stats
+
+__all__ = ["Ops", "GroupOp", "DType", "PtrDType", "dtypes", "UOp", "pretty", "UPat", "PatternMatcher", "Rule",
+           "graph_rewrite", "RewriteLoopError", "RuleError", "stats"]

@@ -1,0 +1,242 @@
+"""PatternMatcher: rules `(UPat, function)`, indexed by root op and compiled into straight-line Python.
+
+Each root op gets one generated function holding the checks of every rule that can match it, in rule order, so
+that matching a node walks no pattern tree and makes no call until a rule's function runs. The generated source is
+kept (`PatternMatcher.source(op)`) for whoever wants to read it.
+"""
+from __future__ import annotations
+import inspect, itertools, time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from .ops import Ops
+from .upat import UPat, _ANY, caller_location
+
+
+@dataclass(eq=False)
+class Rule:
+  """One rule: its pattern, its function, and what the function takes."""
+  pattern: UPat
+  fn: Callable
+  name: str
+  location: str                    # file:line of the rule's function (or of the rule list)
+  params: tuple[str, ...]          # captured names passed positionally, in the function's order
+  wants_ctx: bool
+  fn_time: float = 0.0             # seconds spent in fn, accumulated by the timed matchers only
+
+  def timed_fn(self) -> Callable:
+    perf, fn = time.perf_counter, self.fn
+    def call(*args, **kwargs):
+      t0 = perf()
+      try: return fn(*args, **kwargs)
+      finally: self.fn_time += perf() - t0
+    return call
+
+  def __repr__(self): return f"<rule {self.name} at {self.location}>"
+
+
+def _describe_fn(fn: Callable, fallback: str) -> tuple[str, str]:
+  code = getattr(fn, "__code__", None)
+  loc = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else fallback
+  name = getattr(fn, "__name__", type(fn).__name__)
+  return name, loc
+
+
+def _make_rule(pat: UPat, fn: Callable, where: str) -> Rule:
+  if not isinstance(pat, UPat): raise ValueError(f"{where}: a rule is (UPat, function); got {type(pat).__name__} as the pattern")
+  if not callable(fn): raise ValueError(f"{where}: a rule is (UPat, function); got {type(fn).__name__} as the function")
+  name, loc = _describe_fn(fn, where)
+  if name == "<lambda>": name = repr(pat) if len(repr(pat)) <= 60 else repr(pat)[:57] + "..."
+  try: sig = inspect.signature(fn)
+  except (TypeError, ValueError): sig = None
+  params: list[str] = []
+  wants_ctx = False
+  var_kw = False
+  alternatives = pat.expand_alternatives()
+  for alt in alternatives: _check_repeated_names(alt, loc)
+  if sig is not None:
+    for p in sig.parameters.values():
+      if p.kind is p.VAR_KEYWORD: var_kw = True; continue
+      if p.kind is p.VAR_POSITIONAL: continue
+      if p.name == "ctx": wants_ctx = True; continue
+      for alt in alternatives:
+        if p.name not in alt.names() and p.default is p.empty:
+          raise ValueError(f"{loc}: rule {name} takes parameter {p.name!r}, which its pattern {alt!r} does not bind "
+                           f"(it binds {sorted(alt.names()) or 'nothing'})")
+      if all(p.name in alt.names() for alt in alternatives): params.append(p.name)
+  if var_kw: params += sorted(set.intersection(*(a.names() for a in alternatives)) - set(params))
+  return Rule(pat, fn, name, loc, tuple(params), wants_ctx)
+
+
+def _check_repeated_names(pat: UPat, loc: str):
+  """A name used twice must be able to bind one node: compatible constraints, and never its own ancestor."""
+  seen: dict[str, list[tuple[UPat, tuple[UPat, ...]]]] = {}
+  stack: list[tuple[UPat, tuple[UPat, ...]]] = [(pat, ())]
+  while stack:
+    p, ancestors = stack.pop()
+    if p.name: seen.setdefault(p.name, []).append((p, ancestors))
+    for s in p.src or (): stack.append((s, ancestors + (p,)))
+  for name, uses in seen.items():
+    for (a, anc_a), (b, anc_b) in itertools.combinations(uses, 2):
+      why = None
+      if a in anc_b or b in anc_a: why = "a node cannot be its own source"
+      elif a.op is not None and b.op is not None and not (a.op & b.op): why = f"ops {sorted(o.name for o in a.op)} and {sorted(o.name for o in b.op)} never agree"
+      elif a.dtype is not None and b.dtype is not None and not (a.dtype & b.dtype): why = "dtypes never agree"
+      elif a.arg is not _ANY and b.arg is not _ANY and a.arg != b.arg: why = f"args {a.arg!r} and {b.arg!r} differ"
+      if why: raise ValueError(f"{loc}: name {name!r} is used twice in pattern {pat!r} but cannot bind one node: {why}")
+
+
+class _Codegen:
+  """Emits the Python checks of one pattern, bound to one rule, into a function body."""
+
+  def __init__(self, consts: dict[str, Any], prefix: str):
+    self.lines: list[str] = []
+    self.consts, self.prefix, self.nvars = consts, prefix, 0
+
+  def const(self, value) -> str:
+    key = f"_k{len(self.consts)}"
+    self.consts[key] = value
+    return key
+
+  def var(self) -> str:
+    self.nvars += 1
+    return f"{self.prefix}v{self.nvars}"
+
+  def emit(self, depth: int, line: str): self.lines.append("  " * depth + line)
+
+  def pattern(self, p: UPat, v: str, depth: int, fail: str, bound: dict[str, str], skip_op: bool, each: set[str]) -> int:
+    """Emit checks that node `v` matches `p`; return the depth at which the remaining code goes."""
+    if p.op is not None and not skip_op:
+      if len(p.op) == 1: self.emit(depth, f"if {v}.op is not {self.const(next(iter(p.op)))}: {fail}")
+      else: self.emit(depth, f"if {v}.op not in {self.const(p.op)}: {fail}")
+    if p.dtype is not None:
+      if len(p.dtype) == 1: self.emit(depth, f"if {v}.dtype is not {self.const(next(iter(p.dtype)))}: {fail}")
+      else: self.emit(depth, f"if {v}.dtype not in {self.const(p.dtype)}: {fail}")
+    if p.arg is not _ANY: self.emit(depth, f"if {v}.arg != {self.const(p.arg)}: {fail}")
+    if p.name:
+      if p.name in each:  # inside an every-source loop: bind once, then every source must be that node
+        self.emit(depth, f"if {bound[p.name]} is None: {bound[p.name]} = {v}")
+        self.emit(depth, f"elif {v} is not {bound[p.name]}: {fail}")
+      elif p.name in bound: self.emit(depth, f"if {v} is not {bound[p.name]}: {fail}")
+      else: bound[p.name] = v
+    if p.src is None: return depth
+    n = len(p.src)
+    if p.src_kind == "each":
+      sub = p.src[0]
+      if any(q.src_kind in ("any_order", "each") for q in _walk(sub)):
+        raise ValueError(f"pattern {p!r}: a pattern every source must match cannot itself hold unordered sources")
+      for name in sorted(sub.names() - set(bound)):
+        bound[name] = f"{self.prefix}{name}"
+        self.emit(depth, f"{bound[name]} = None")
+        each = each | {name}
+      s, ok = self.var(), self.var()
+      self.emit(depth, f"{ok} = True")
+      self.emit(depth, f"for {s} in {v}.src:")
+      self.pattern(sub, s, depth + 1, f"{ok} = False; break", bound, False, each)
+      self.emit(depth, f"if not {ok}: {fail}")
+      return depth
+    self.emit(depth, f"if len({v}.src) {'<' if p.allow_any_len else '!='} {n}: {fail}")
+    names = [self.var() for _ in range(n)]
+    if p.src_kind == "any_order" and n > 1:
+      if n == 2: self.emit(depth, f"for {names[0]}, {names[1]} in (({v}.src[0], {v}.src[1]), ({v}.src[1], {v}.src[0])):")
+      else: self.emit(depth, f"for {', '.join(names)} in {self.const(itertools.permutations)}({v}.src[:{n}]):")
+      depth, fail = depth + 1, "continue"
+    elif p.allow_any_len:
+      for i, nm in enumerate(names): self.emit(depth, f"{nm} = {v}.src[{i}]")
+    else: self.emit(depth, f"{', '.join(names)}{',' if n == 1 else ''} = {v}.src")
+    for sub, nm in zip(p.src, names): depth = self.pattern(sub, nm, depth, fail, bound, False, each)
+    return depth
+
+
+def _walk(p: UPat):
+  yield p
+  for s in p.src or (): yield from _walk(s)
+
+
+def _root_ops(p: UPat) -> frozenset[Ops] | None:
+  alts = p.expand_alternatives()
+  if any(a.op is None for a in alts): return None
+  return frozenset().union(*(a.op for a in alts))
+
+
+class PatternMatcher:
+  """An ordered list of rules; the first that matches a node and returns non-None wins."""
+
+  def __init__(self, rules: list[tuple[UPat, Callable]], name: str | None = None):
+    where = caller_location()
+    self.name = name
+    self.rules: list[Rule] = []
+    for i, r in enumerate(rules):
+      if not (isinstance(r, tuple) and len(r) == 2): raise ValueError(f"{where}: rule #{i} must be a (UPat, function) pair, got {r!r}")
+      self.rules.append(_make_rule(r[0], r[1], where))
+    self._compile()
+
+  @classmethod
+  def _from_rules(cls, rules: list[Rule]) -> PatternMatcher:
+    pm = cls.__new__(cls)
+    pm.name, pm.rules = None, list(rules)
+    pm._compile()
+    return pm
+
+  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher._from_rules(self.rules + other.rules)
+  def __len__(self): return len(self.rules)
+  def __repr__(self): return f"<PatternMatcher {self.name or ''} of {len(self.rules)} rules>"
+
+  def _compile(self):
+    by_op: dict[Ops, list[Rule]] = {}
+    for rule in self.rules:
+      ops = _root_ops(rule.pattern)
+      for op in (Ops if ops is None else ops): by_op.setdefault(op, []).append(rule)
+    self.rules_for = by_op
+    self._sources: dict[Ops, str] = {}
+    self.dispatch: dict[Ops, Callable] = {op: self._compile_op(op, rules, timed=False) for op, rules in by_op.items()}
+    self._timed: dict[Ops, list[tuple[Rule, Callable]]] | None = None
+
+  def _compile_op(self, op: Ops, rules: list[Rule], timed: bool) -> Callable:
+    consts: dict[str, Any] = {"_ONCE": (None,)}
+    lines = ["def match(u, ctx):"]
+    for ri, rule in enumerate(rules):
+      fn_name = f"_fn{ri}"
+      consts[fn_name] = rule.timed_fn() if timed else rule.fn
+      for alt in rule.pattern.expand_alternatives():
+        if alt.op is not None and op not in alt.op: continue
+        cg = _Codegen(consts, f"r{ri}_")
+        cg.emit(1, f"for _ in _ONCE:  # {rule.name}  ({rule.location})")
+        bound: dict[str, str] = {}
+        depth = cg.pattern(alt, "u", 2, "break", bound, skip_op=True, each=set())
+        args = [bound[p] for p in rule.params] + (["ctx=ctx"] if rule.wants_ctx else [])
+        cg.emit(depth, f"r = {fn_name}({', '.join(args)})")
+        cg.emit(depth, "if r is not None: return r")
+        lines += cg.lines
+    lines.append("  return None")
+    src = "\n".join(lines)
+    if not timed: self._sources[op] = src
+    namespace = dict(consts)
+    exec(compile(src, f"<PatternMatcher {op.name}>", "exec"), namespace)
+    return namespace["match"]
+
+  def source(self, op: Ops) -> str:
+    """The generated Python that matches nodes of this op."""
+    return self._sources.get(op, "")
+
+  def rewrite(self, u, ctx=None):
+    """The first rule's non-None result for node `u`, or None."""
+    fn = self.dispatch.get(u.op)
+    return None if fn is None else fn(u, ctx)
+
+  # one function per rule, for statistics and for naming the rules of a rewrite loop
+  def per_rule(self, op: Ops) -> list[tuple[Rule, Callable]]:
+    if self._timed is None:
+      self._timed = {o: [(r, PatternMatcher._compile_single(o, r)) for r in rules] for o, rules in self.rules_for.items()}
+    return self._timed.get(op, [])
+
+  @staticmethod
+  def _compile_single(op: Ops, rule: Rule) -> Callable:
+    pm = PatternMatcher.__new__(PatternMatcher)
+    return pm._compile_op(op, [rule], timed=True)
+
+  def rewrite_traced(self, u, ctx=None) -> tuple[Rule | None, Any]:
+    """Like rewrite(), but also returns which rule fired."""
+    for rule, fn in self.per_rule(u.op):
+      r = fn(u, ctx)
+      if r is not None: return rule, r
+    return None, None

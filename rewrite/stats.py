@@ -1,0 +1,108 @@
+"""Rewrite statistics: per named graph_rewrite (stage) and, at level 2, per rule.
+
+Off by default, and then graph_rewrite makes no timing call at all. `REWRITE_STATS=1` prints a table per stage at
+exit, `REWRITE_STATS=2` adds one row per rule. In Python: `with rewrite.stats.collect() as s: ...; print(s.table("stage"))`.
+"""
+from __future__ import annotations
+import atexit, contextlib, json, os
+from dataclasses import dataclass, field, asdict
+
+
+@dataclass
+class StageStats:
+  name: str
+  calls: int = 0
+  nodes_in: int = 0
+  nodes_out: int = 0
+  rewrites: int = 0
+  time: float = 0.0
+
+
+@dataclass
+class RuleStats:
+  name: str
+  location: str
+  stage: str
+  matches: int = 0
+  attempts: int = 0
+  match_time: float = 0.0
+  fn_time: float = 0.0
+
+
+@dataclass
+class Collector:
+  """What one collection saw. `level` 1: stages; 2: stages and rules."""
+  level: int = 2
+  stages: dict[str, StageStats] = field(default_factory=dict)
+  rules: dict[tuple[str, str, str], RuleStats] = field(default_factory=dict)
+
+  def stage(self, name: str) -> StageStats:
+    if (s := self.stages.get(name)) is None: s = self.stages[name] = StageStats(name)
+    return s
+
+  def rule(self, stage: str, rule) -> RuleStats:
+    key = (stage, rule.name, rule.location)
+    if (r := self.rules.get(key)) is None: r = self.rules[key] = RuleStats(rule.name, rule.location, stage)
+    return r
+
+  def as_dict(self) -> dict:
+    return {"stages": [asdict(s) for s in self.stages.values()], "rules": [asdict(r) for r in self.rules.values()]}
+
+  def to_json(self) -> str: return json.dumps(self.as_dict(), indent=1)
+
+  def table(self, kind: str = "stage") -> str:
+    from tabulate import tabulate
+    if kind == "stage":
+      rows = [(s.name, s.calls, s.nodes_in, s.nodes_out, s.rewrites, f"{s.time * 1e3:.2f}") for s in self.stages.values()]
+      return tabulate(rows, headers=["stage", "calls", "nodes in", "nodes out", "rewrites", "ms"], tablefmt="simple")
+    if kind == "rule":
+      total = sum(r.match_time + r.fn_time for r in self.rules.values()) or 1.0
+      ordered = sorted(self.rules.values(), key=lambda r: -(r.match_time + r.fn_time))
+      rows = [(r.stage, r.name, _short_path(r.location), r.matches, r.attempts, f"{r.match_time * 1e3:.2f}",
+               f"{r.fn_time * 1e3:.2f}", f"{100 * (r.match_time + r.fn_time) / total:.1f}%") for r in ordered]
+      return tabulate(rows, headers=["stage", "rule", "where", "matches", "attempts", "match ms", "rule ms", "share"], tablefmt="simple")
+    raise ValueError(f"table kind must be 'stage' or 'rule', not {kind!r}")
+
+
+def _short_path(loc: str) -> str:
+  path, _, line = loc.rpartition(":")
+  try: rel = os.path.relpath(path)
+  except ValueError: rel = path
+  return f"{rel if not rel.startswith('..' + os.sep + '..') else path}:{line}"
+
+
+def _env_level() -> int:
+  try: return int(os.environ.get("REWRITE_STATS", "0") or 0)
+  except ValueError: return 0
+
+
+# The collectors that are active now; graph_rewrite reads `active` once per call.
+active: list[Collector] = []
+_global: Collector | None = None
+if _env_level() > 0:
+  _global = Collector(level=_env_level())
+  active.append(_global)
+
+
+def level() -> int: return max((c.level for c in active), default=0)
+
+
+@contextlib.contextmanager
+def collect(level: int = 2):
+  """Collect statistics of every graph_rewrite inside the block."""
+  c = Collector(level=level)
+  active.append(c)
+  try: yield c
+  finally: active.remove(c)
+
+
+def _print_at_exit():
+  if _global is None or not _global.stages: return
+  print("\nrewrite statistics per stage (REWRITE_STATS=1)")
+  print(_global.table("stage"))
+  if _global.level >= 2 and _global.rules:
+    print("\nrewrite statistics per rule (REWRITE_STATS=2)")
+    print(_global.table("rule"))
+
+
+atexit.register(_print_at_exit)
