@@ -1,0 +1,101 @@
+"""Devices: the registry (`get_device`, `Device.default`), the `Device` base class and the pooled allocator base.
+
+A device owns an allocator, a renderer and a `build(source, names)` that turns one source into callable kernels
+(the contract is in docs/design.md, "Devices"). Concrete devices live in their own modules (runtime/cpu.py,
+runtime/cuda.py) and are imported only when first asked for, so `DEVICE=CPU` never touches CUDA.
+"""
+from __future__ import annotations
+import importlib
+import os
+from collections import defaultdict
+from typing import Any, Callable
+
+# name -> (module, class): imported lazily, so a machine without CUDA can still use the CPU
+DEVICES: dict[str, tuple[str, str]] = {"CPU": ("runtime.cpu", "CPUDevice"), "CUDA": ("runtime.cuda", "CUDADevice")}
+_instances: dict[str, Device] = {}
+
+
+class CompileError(RuntimeError):
+  """A kernel source could not be compiled, or the compiler is missing. The message carries the compiler's own
+  output and the path of the kernel source it was given."""
+
+
+def canonical_name(name: str) -> str:
+  """`name` upper-cased, checked against the known devices (ValueError naming the choices otherwise)."""
+  if not isinstance(name, str) or name.upper() not in DEVICES:
+    raise ValueError(f"unknown device {name!r}: choose one of {', '.join(DEVICES)}")
+  return name.upper()
+
+
+def get_device(name: str) -> Device:
+  """The one Device called `name` ("CPU", "CUDA"; case does not matter), created on first use."""
+  name = canonical_name(name)
+  if (dev := _instances.get(name)) is None:
+    module, cls = DEVICES[name]
+    dev = _instances[name] = getattr(importlib.import_module(module), cls)()
+  return dev
+
+
+class Allocator:
+  """Device memory with a free-list per size: `free` keeps the handle for the next `alloc` of the same size,
+  because kernels of one program keep asking for the same few sizes and a real (de)allocation is slow
+  (cudaMalloc synchronizes; large host allocations fault their pages in again).
+
+  Subclasses implement `_alloc(nbytes) -> handle`, `_free(handle, nbytes)`, `copyin` and `copyout`."""
+
+  def __init__(self):
+    self.pool: defaultdict[int, list[Any]] = defaultdict(list)
+
+  def alloc(self, nbytes: int) -> Any:
+    if (free := self.pool.get(nbytes)): return free.pop()
+    try: return self._alloc(nbytes)
+    except MemoryError:
+      # memory may be held by the pool under other sizes: give it back and try once more
+      self.clear_pool()
+      return self._alloc(nbytes)
+
+  def free(self, handle: Any, nbytes: int) -> None:
+    self.pool[nbytes].append(handle)
+
+  def clear_pool(self) -> None:
+    """Really free every pooled handle."""
+    pool, self.pool = self.pool, defaultdict(list)
+    for nbytes, handles in pool.items():
+      for h in handles: self._free(h, nbytes)
+
+  def pooled_bytes(self) -> int:
+    return sum(nbytes * len(hs) for nbytes, hs in self.pool.items())
+
+  def _alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def _free(self, handle: Any, nbytes: int) -> None: raise NotImplementedError
+  def copyin(self, handle: Any, src: memoryview) -> None: raise NotImplementedError
+  def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
+
+
+class Device:
+  """A place kernels run. Subclasses set `name`, `allocator` and `renderer_module`, and implement `build`."""
+  name: str
+  allocator: Allocator
+  # the module of renderers/ whose module-level `renderer` renders for this device; imported on first use so that
+  # the runtime can run hand-written kernels before (or without) the renderers
+  renderer_module: str
+
+  @property
+  def renderer(self) -> Any:
+    return importlib.import_module(self.renderer_module).renderer
+
+  def build(self, source: str, names: list[str]) -> dict[str, Callable[..., float | None]]:
+    raise NotImplementedError
+
+  def synchronize(self) -> None:
+    pass
+
+  @staticmethod
+  def default() -> Device:
+    """The device the environment variable DEVICE names (CPU when unset)."""
+    name = os.environ.get("DEVICE", "CPU")
+    try: return get_device(name)
+    except ValueError:
+      raise ValueError(f"DEVICE={name!r} is not a device: set DEVICE to one of {', '.join(DEVICES)}") from None
+
+  def __repr__(self): return f"<Device {self.name}>"

@@ -1,0 +1,163 @@
+"""The CPU device end to end: Buffers, the pooled allocator, and C kernels built with gcc and run through cffi."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rewrite.dtypes import dtypes
+from runtime import cache
+from runtime.buffer import Buffer
+from runtime.cpu import CPUDevice, kernel_prototype
+from runtime.device import CompileError, Device, get_device
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Kernels follow the C renderer's convention: the definition starts a line with `void NAME(`
+ADD = """
+void add(float* restrict out, const float* restrict a, const float* restrict b, int n) {
+  #pragma omp parallel for
+  for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+void scale(double* out, const double* x, double k, long long n) {
+  for (long long i = 0; i < n; i++) out[i] = x[i] * k;
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def cache_env(tmp_path, monkeypatch):
+  monkeypatch.setenv("GRAFT_CACHE_DIR", str(tmp_path / "cache"))
+  monkeypatch.delenv("GRAFT_CACHE", raising=False)
+  monkeypatch.delenv("CC", raising=False)
+  cache.clear_memory()
+  yield tmp_path / "cache"
+  cache.clear_memory()
+
+
+@pytest.fixture(scope="module")
+def cpu(): return get_device("CPU")
+
+
+def test_devices_are_named_and_cached(monkeypatch, cpu):
+  assert isinstance(cpu, CPUDevice) and cpu.name == "CPU" and get_device("cpu") is cpu
+  monkeypatch.setenv("DEVICE", "CPU")
+  assert Device.default() is cpu
+  monkeypatch.setenv("DEVICE", "TPU")
+  with pytest.raises(ValueError, match="CPU, CUDA"):
+    Device.default()
+
+
+def test_add_kernel_matches_numpy(cpu):
+  progs = cpu.build(ADD, ["add", "scale"])
+  n = 1000
+  a, b = np.random.rand(n).astype(np.float32), np.random.rand(n).astype(np.float32)
+  A, B = Buffer("CPU", n, dtypes.float32).copyin(a), Buffer("CPU", n, dtypes.float32).copyin(b)
+  out = Buffer("CPU", n, dtypes.float32)
+  assert progs["add"](out.handle, A.handle, B.handle, n) is None
+  np.testing.assert_array_equal(out.numpy(), a + b)  # no -ffast-math: bit-equal to numpy
+
+  x = np.random.rand(n)
+  X, Y = Buffer("CPU", n, dtypes.float64).copyin(x), Buffer("CPU", n, dtypes.float64)
+  elapsed = progs["scale"](Y.handle, X.handle, 2.5, n, wait=True)
+  assert isinstance(elapsed, float) and elapsed >= 0
+  np.testing.assert_array_equal(Y.numpy(), x * 2.5)
+
+
+def test_prototypes_come_from_the_source():
+  assert kernel_prototype(ADD, "add") == "void add(uintptr_t, uintptr_t, uintptr_t, int);"
+  assert kernel_prototype(ADD, "scale") == "void scale(uintptr_t, uintptr_t, double, long long);"
+  with pytest.raises(ValueError, match="void missing\\("):
+    kernel_prototype(ADD, "missing")
+
+
+def test_build_is_cached(cpu, cache_env):
+  cpu.build(ADD, ["add"])
+  before = dict(cache.stats)
+  cpu.build(ADD, ["add"])
+  assert cache.stats["build"] == before.get("build", 0)
+  assert len(list(cache_env.glob("*.so"))) == 1 and len(list(cache_env.glob("*.c"))) == 1
+
+
+def test_second_process_loads_from_disk(cpu, cache_env):
+  so = cpu.build(ADD, ["add"])["add"].path
+  mtime = so.stat().st_mtime_ns
+  child = ("import numpy as np\n"
+           "from runtime import cache\n"
+           "from runtime.buffer import Buffer\n"
+           "from runtime.device import get_device\n"
+           "from rewrite.dtypes import dtypes\n"
+           f"add = get_device('CPU').build({ADD!r}, ['add'])['add']\n"
+           "a = Buffer('CPU', 4, dtypes.float32).copyin(np.arange(4, dtype=np.float32))\n"
+           "out = Buffer('CPU', 4, dtypes.float32)\n"
+           "add(out.handle, a.handle, a.handle, 4)\n"
+           "print(out.numpy().tolist(), dict(cache.stats))\n")
+  r = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] {'disk': 1}"  # no 'build': gcc never ran
+  assert so.stat().st_mtime_ns == mtime
+
+
+def test_compile_error_shows_gcc_and_the_source(cpu):
+  bad = "void broken(float* out) { out[0] = undeclared_thing; }\n"
+  with pytest.raises(CompileError) as e:
+    cpu.build(bad, ["broken"])
+  msg = str(e.value)
+  assert "undeclared_thing" in msg and "error" in msg
+  src = next(w for w in msg.split() if w.endswith(".c"))
+  assert Path(src).read_text() == bad  # the path in the message is the real file
+
+
+def test_missing_compiler(cpu, monkeypatch):
+  monkeypatch.setenv("CC", "/nonexistent/cc")
+  with pytest.raises(CompileError, match="'/nonexistent/cc' not found"):
+    cpu.build(ADD, ["add"])
+
+
+def test_cache_off_still_builds(cpu, monkeypatch, cache_env):
+  monkeypatch.setenv("GRAFT_CACHE", "0")
+  prog = cpu.build(ADD, ["add"])["add"]
+  assert not cache_env.exists() and prog.path.exists()
+  a = Buffer("CPU", 3, dtypes.float32).copyin(np.ones(3, np.float32))
+  prog(a.handle, a.handle, a.handle, 3)
+  assert a.numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_buffer_is_lazy_and_checks_copies():
+  buf = Buffer("CPU", 6, dtypes.int32)
+  assert not buf.allocated and buf.nbytes == 24 and "unallocated" in repr(buf)
+  buf.copyin(np.arange(6, dtype=np.int32).reshape(2, 3))  # any shape with the right element count
+  assert buf.allocated and buf.numpy().tolist() == [0, 1, 2, 3, 4, 5]
+  with pytest.raises(ValueError, match="float64.*astype"):
+    buf.copyin(np.zeros(6))
+  with pytest.raises(ValueError, match="5 elements.*holds 6"):
+    buf.copyin(np.zeros(5, np.int32))
+  assert buf != Buffer("CPU", 6, dtypes.int32) and len({buf, buf}) == 1  # identity, not contents
+  with pytest.raises(ValueError, match="CPU, CUDA"):
+    Buffer("GPU", 6, dtypes.int32)
+
+
+def test_buffer_roundtrip_every_dtype():
+  for dt in dtypes.all():
+    x = (np.arange(10) % 2).astype(dt.np) if dt.np is not None else np.arange(10, dtype=np.uint16)
+    assert np.array_equal(Buffer("CPU", 10, dt).copyin(x).numpy(), x), dt
+
+
+def test_freed_memory_is_reused(cpu):
+  alloc = cpu.allocator
+  alloc.clear_pool()
+  buf = Buffer("CPU", 1000, dtypes.float32)
+  h = buf.handle
+  del buf  # back to the pool...
+  assert alloc.pool[4000] == [h]
+  assert Buffer("CPU", 1000, dtypes.float32).handle == h  # ...and out again for the same size
+  alloc.clear_pool()
+  assert alloc.pooled_bytes() == 0
+
+
+def test_handles_are_aligned(cpu):
+  bufs = [Buffer("CPU", n, dtypes.uint8) for n in (1, 3, 64, 100, 4097, 3 << 20)]
+  assert all(b.handle % 64 == 0 for b in bufs)
+  assert bufs[-1].handle % (2 << 20) == 0  # huge-page aligned, so madvise can use 2 MiB pages
