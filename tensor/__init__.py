@@ -1,0 +1,8 @@
+"""The user's front door: `from tensor import Tensor, dtypes`. Tensor operations build a lazy tensor-level graph;
+`.realize()`, `.numpy()`, `.tolist()` and `.item()` run it on the device DEVICE names (CPU or CUDA)."""
+from rewrite import dtypes
+from .tensor import Tensor
+from .random import manual_seed
+from .reduce import AxisError
+
+__all__ = ["Tensor", "dtypes", "manual_seed", "AxisError"]

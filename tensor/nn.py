@@ -1,0 +1,139 @@
+"""Neural-network functions, each a composition of the tensor primitives: matmul, dot, softmax, log_softmax, layernorm,
+linear, conv2d and pooling.
+
+A matrix product is a broadcast multiply followed by a sum over the shared axis, so it fuses into ONE kernel. A
+convolution reads its input through ONE strided VIEW of sliding windows (shape (N, C, OH, OW, KH, KW) over the
+padded input's layout), so it too is a multiply and a sum: one kernel, no im2col buffer.
+"""
+from __future__ import annotations
+from rewrite import UOp, Ops, dtypes
+from rules.view import View, compose
+
+
+def _pair(v, what: str) -> tuple[int, int]:
+  t = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+  if len(t) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in t):
+    raise ValueError(f"{what}={v!r}: give an int >= 0 or a pair of them")
+  return t
+
+
+def _mul_sum(a, b, axis, dtype=None):
+  """sum(a * b) over axis. float16 operands multiply and add up in float32 (exact products, one rounding at the
+  end), which is also the pattern a tensor-core rule looks for."""
+  if a.dtype is dtypes.float16 and b.dtype is dtypes.float16:
+    return (a.float() * b.float()).sum(axis, dtype=dtype or dtypes.float16)
+  return (a * b).sum(axis, dtype=dtype)
+
+
+class NNMixin:
+  def matmul(self, w, dtype=None):
+    """numpy's matmul: (..., n, k) @ (..., k, m) -> (..., n, m) with batch dims broadcast; a 1-d left operand is a
+    row (k,), a 1-d right one a column, and their added dim is removed again. float16 accumulates in float32 and
+    rounds at the end (`dtype` picks the result dtype)."""
+    if not hasattr(w, "uop"): w = type(self)(w, device=self.device)
+    if self.ndim == 0 or w.ndim == 0:
+      raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: 0-d operands are not allowed (use *)")
+    a = self.reshape(1, self.shape[0]) if self.ndim == 1 else self
+    b = w.reshape(w.shape[0], 1) if w.ndim == 1 else w
+    if a.shape[-1] != b.shape[-2]:
+      raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: inner dimensions {a.shape[-1]} and {b.shape[-2]} differ")
+    # (..., n, 1, k) * (..., 1, m, k), summed over k: the product's last axis is the reduced one
+    out = _mul_sum(a.unsqueeze(-2), b.transpose(-1, -2).unsqueeze(-3), -1, dtype)
+    if self.ndim == 1: out = out.squeeze(-2)
+    if w.ndim == 1: out = out.squeeze(-1)
+    return out
+
+  def __matmul__(self, w): return self.matmul(w)
+  def __rmatmul__(self, x): return type(self)(x, device=self.device).matmul(self)
+
+  def dot(self, w):
+    """numpy's dot: * for 0-d operands, the inner product of 1-d ones, and for N-d the sum over this tensor's last
+    axis and w's second-to-last (its last when 1-d): shape self.shape[:-1] + w.shape[:-2] + w.shape[-1:]."""
+    if not hasattr(w, "uop"): w = type(self)(w, device=self.device)
+    if self.ndim == 0 or w.ndim == 0: return self * w
+    k = self.shape[-1]
+    wk = w.shape[-2] if w.ndim >= 2 else w.shape[0]
+    if k != wk: raise ValueError(f"dot of shapes {self.shape} and {w.shape}: summed dimensions {k} and {wk} differ")
+    if w.ndim == 1: return (self * w).sum(-1)
+    wt = w.transpose(-1, -2)  # (*B, m, k)
+    a = self.reshape(self.shape[:-1] + (1,) * (w.ndim - 1) + (k,))
+    return (a * wt.reshape((1,) * (self.ndim - 1) + wt.shape)).sum(-1)
+
+  def linear(self, weight, bias=None):
+    """x @ weight.T (+ bias), with weight of shape (out_features, in_features) as in torch.nn.Linear."""
+    if weight.ndim != 2: raise ValueError(f"linear: weight must be 2-d (out, in), got shape {weight.shape}")
+    out = self @ weight.T
+    if bias is not None:
+      if bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias of shape {bias.shape} does not match weight of shape {weight.shape}")
+      out = out + bias
+    return out
+
+  def softmax(self, axis: int = -1):
+    """exp(x - max) / sum(exp(x - max)) along axis; subtracting the max keeps exp from overflowing."""
+    e = (self - self.max(axis, keepdim=True)).exp()
+    return e / e.sum(axis, keepdim=True)
+
+  def log_softmax(self, axis: int = -1):
+    shifted = self - self.max(axis, keepdim=True)
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+  def layernorm(self, axis=-1, eps: float = 1e-5):
+    """(x - mean) / sqrt(var + eps) over axis (the biased variance, as layer norm uses); no affine part."""
+    centered = self - self.mean(axis, keepdim=True)
+    return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
+
+  # ---- convolution and pooling (NCHW) ----
+  def _windows(self, kernel: tuple[int, int], stride: tuple[int, int]):
+    """The sliding windows of this (N, C, H, W) tensor as ONE View of shape (N, C, OH, OW, KH, KW) over its
+    row-major layout: moving one output row steps stride*W elements, one kernel row W, one kernel column 1."""
+    n, c, h, w = self.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    win = View((n, c, oh, ow, kh, kw), (c * h * w, h * w, sh * w, sw, w, 1))
+    u = self.uop
+    if u.op is Ops.VIEW and (merged := compose(u.arg, win)) is not None:
+      return self._new(UOp(Ops.VIEW, self.dtype, (u.src[0],), merged), win.shape)
+    return self._new(UOp(Ops.VIEW, self.dtype, (u,), win), win.shape)
+
+  def _check_nchw(self, kernel: tuple[int, int], padding: tuple[int, int], what: str):
+    if self.ndim != 4: raise ValueError(f"{what}: input must be 4-d (N, C, H, W), got shape {self.shape}")
+    if any(k < 1 for k in kernel): raise ValueError(f"{what}: kernel size {kernel} must be >= 1")
+    if any(s + 2 * p < k for s, p, k in zip(self.shape[2:], padding, kernel)):
+      raise ValueError(f"{what}: kernel {kernel} is larger than the input's (H, W) {self.shape[2:]} padded by {padding}")
+
+  def conv2d(self, weight, bias=None, stride=1, padding=0):
+    """2-d cross-correlation like torch's conv2d: input (N, C, H, W), weight (O, C, KH, KW), bias (O,)."""
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    if weight.ndim != 4: raise ValueError(f"conv2d: weight must be 4-d (O, C, KH, KW), got shape {weight.shape}")
+    self._check_nchw(weight.shape[2:], padding, "conv2d")
+    if stride[0] < 1 or stride[1] < 1: raise ValueError(f"conv2d: stride {stride} must be >= 1")
+    if weight.shape[1] != self.shape[1]:
+      raise ValueError(f"conv2d: input of shape {self.shape} has {self.shape[1]} channels, weight of shape "
+                       f"{weight.shape} expects {weight.shape[1]}")
+    o, c, kh, kw = weight.shape
+    x = self.pad(((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+    win = x._windows((kh, kw), stride)  # (N, C, OH, OW, KH, KW)
+    n, _, oh, ow, _, _ = win.shape
+    # (N, 1, OH, OW, C, KH, KW) * (1, O, 1, 1, C, KH, KW), summed over the last three
+    xs = win.permute(0, 2, 3, 1, 4, 5).reshape(n, 1, oh, ow, c, kh, kw)
+    out = _mul_sum(xs, weight.reshape(1, o, 1, 1, c, kh, kw), (4, 5, 6))
+    if bias is not None:
+      if bias.shape != (o,): raise ValueError(f"conv2d: bias of shape {bias.shape} does not match {o} output channels")
+      out = out + bias.reshape(1, o, 1, 1)
+    return out
+
+  def _pool(self, kernel_size, stride, what: str):
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = kernel if stride is None else _pair(stride, "stride")
+    if stride[0] < 1 or stride[1] < 1: raise ValueError(f"{what}: stride {stride} must be >= 1")
+    self._check_nchw(kernel, (0, 0), what)
+    return self._windows(kernel, stride)
+
+  def max_pool2d(self, kernel_size, stride=None):
+    """Max over each kernel_size window (stride defaults to kernel_size), NCHW; no padding."""
+    return self._pool(kernel_size, stride, "max_pool2d").max((4, 5))
+
+  def avg_pool2d(self, kernel_size, stride=None):
+    """Mean over each kernel_size window (stride defaults to kernel_size), NCHW; no padding."""
+    return self._pool(kernel_size, stride, "avg_pool2d").mean((4, 5))

@@ -1,0 +1,104 @@
+"""Reductions: sum, mean, max, min, var, std, argmax/argmin, any/all, built on REDUCE_AXIS with Ops.ADD or Ops.MAX.
+
+REDUCE_AXIS keeps the reduced axes as size 1; without keepdim a reshape (a VIEW) drops them. The graph has only
+ADD and MAX reductions: min is max of the order-reversed values, mean is sum / n, var sums squared deviations.
+"""
+from __future__ import annotations
+import math
+from rewrite import UOp, Ops, dtypes
+from .promotion import to_dtype
+
+
+class AxisError(ValueError, IndexError):
+  """An axis outside -ndim..ndim-1, or given twice (both a ValueError and an IndexError, like numpy's AxisError)."""
+
+
+def normalize_axes(axis, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+  """Axes as sorted non-negative ints: None means all; ints may be negative."""
+  ndim = len(shape)
+  if axis is None: return tuple(range(ndim))
+  axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+  out = []
+  for a in axes:
+    if isinstance(a, bool) or not isinstance(a, int) and not hasattr(a, "__index__"):
+      raise TypeError(f"{what}: axis {a!r} is not an int")
+    a = int(a)
+    if not -ndim <= a < ndim: raise AxisError(f"{what}: axis {a} is out of range for a tensor of shape {shape} ({ndim} dims)")
+    out.append(a % ndim)
+  if len(set(out)) != len(out): raise AxisError(f"{what}: axis {axis} repeats an axis")
+  return tuple(sorted(out))
+
+
+def _order_flip(x):
+  """A dtype-preserving bijection that reverses order: min(x) is flip(max(flip(x)))."""
+  if x.dtype.is_float: return -x
+  return ~x  # bitwise not reverses both signed and unsigned order, and cannot overflow like -x can
+
+
+class ReduceMixin:
+  def _reduce(self, op: Ops, axis, keepdim: bool, what: str):
+    axes = normalize_axes(axis, self.shape, what)
+    if not axes: return self
+    kept = tuple(1 if d in axes else s for d, s in enumerate(self.shape))
+    out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)), kept)
+    return out if keepdim else out.reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
+
+  def _reduced_count(self, axis) -> int:
+    return math.prod(self.shape[d] for d in normalize_axes(axis, self.shape, "reduce"))
+
+  def sum(self, axis=None, keepdim=False, dtype=None):
+    """Sum over `axis` (int, tuple or None for all). bool and small ints sum as int32, int64 as int64 (`dtype`
+    overrides); a float16 result adds up in float32 and rounds once at the end."""
+    if dtype is not None: out = to_dtype(dtype)
+    elif self.dtype.is_float: out = self.dtype
+    else: out = dtypes.int64 if self.dtype is dtypes.int64 else dtypes.int32
+    acc = dtypes.float32 if out is dtypes.float16 else out
+    return self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "sum").cast(out)
+
+  def mean(self, axis=None, keepdim=False):
+    """Sum / count; integers average as float32."""
+    out = self.dtype if self.dtype.is_float else dtypes.default_float
+    acc = dtypes.float32 if out is dtypes.float16 else out
+    n = self._reduced_count(axis)
+    return (self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "mean") / (n if n else math.nan)).cast(out)
+
+  def max(self, axis=None, keepdim=False):
+    if self.dtype.is_bool: return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim, "max").cast(dtypes.bool)
+    return self._reduce(Ops.MAX, axis, keepdim, "max")
+
+  def min(self, axis=None, keepdim=False):
+    if self.dtype.is_bool: return self.cast(dtypes.uint8).min(axis, keepdim).cast(dtypes.bool)
+    normalize_axes(axis, self.shape, "min")  # report a bad axis as min's
+    return _order_flip(_order_flip(self).max(axis, keepdim))
+
+  def any(self, axis=None, keepdim=False): return self.bool().max(axis, keepdim)
+  def all(self, axis=None, keepdim=False): return self.bool().min(axis, keepdim)
+
+  def var(self, axis=None, keepdim=False, correction=1):
+    """Mean squared deviation with `correction` subtracted from the count (1: the unbiased sample variance;
+    0: numpy's default). A count at or below the correction gives inf or NaN, as in numpy."""
+    x = self if self.dtype.is_float else self.float()
+    work = x.float() if x.dtype is dtypes.float16 else x
+    dev = work - work.mean(axis, keepdim=True)
+    dof = max(self._reduced_count(axis) - correction, 0)
+    # numpy divides by a zero count and gets inf (or NaN for 0/0); dividing by a float 0.0 does the same
+    return ((dev * dev).sum(axis, keepdim) / float(dof)).cast(x.dtype)
+
+  def std(self, axis=None, keepdim=False, correction=1): return self.var(axis, keepdim, correction).sqrt()
+
+  def argmax(self, axis=None, keepdim=False):
+    """Index (int32) of the first largest value along `axis`; over the flattened tensor when axis is None."""
+    if axis is None:
+      flat = self.flatten().argmax(0)
+      return flat.reshape((1,) * self.ndim) if keepdim else flat
+    if isinstance(axis, (tuple, list)): raise TypeError(f"argmax: axis must be an int or None, not {axis!r}")
+    (ax,) = normalize_axes(axis, self.shape, "argmax")
+    n = self.shape[ax]
+    is_max = self == self.max(ax, keepdim=True)
+    # count down from n, so the largest marked score is the first index holding the maximum
+    score = self.arange(n, 0, -1, device=self.device).reshape(tuple(n if d == ax else 1 for d in range(self.ndim)))
+    return (n - is_max.where(score, 0).max(ax, keepdim)).cast(dtypes.int32)
+
+  def argmin(self, axis=None, keepdim=False):
+    if self.dtype.is_bool: return self.logical_not().argmax(axis, keepdim)
+    return _order_flip(self).argmax(axis, keepdim)

@@ -1,0 +1,238 @@
+"""Tensor: a lazy handle on a tensor-level UOp graph (docs/design.md, "The tensor-level graph"), its creation and its
+realization.
+
+Operations only build graph; `realize()`, `numpy()`, `tolist()` and `item()` hand the graph to
+`runtime.realize.realize`, after which the Tensor holds the realized `VIEW(BUFFER)` form. numpy only carries data
+into buffers and out of them: no value of a tensor operation is ever computed by numpy.
+
+The operations themselves live in mixins, one module per area: elementwise.py, reduce.py, movement.py, nn.py and
+random.py. A mixin builds new tensors through `self._new(uop, shape)` and `self._const(...)`, so it never imports this
+module.
+"""
+from __future__ import annotations
+import math
+import numpy as np
+from rewrite import UOp, Ops, DType, dtypes
+from rules.view import View
+from .promotion import to_dtype, is_scalar, py_scalar, check_fits, USER_DTYPES
+from .elementwise import ElementwiseMixin
+from .reduce import ReduceMixin
+from .movement import MovementMixin
+from .nn import NNMixin
+from .random import RandomMixin
+
+
+def device_name(device) -> str:
+  """The canonical name of a user's device argument; None means the one the DEVICE environment variable names."""
+  from runtime.device import Device, get_device
+  return Device.default().name if device is None else get_device(device).name
+
+
+def shape_arg(shape: tuple, what: str) -> tuple[int, ...]:
+  """Shape arguments come as ints (`zeros(2, 3)`) or one tuple (`zeros((2, 3))`)."""
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in shape):
+    raise TypeError(f"{what}: shape {shape} must be ints")
+  if any(s < 0 for s in shape): raise ValueError(f"{what}: shape {tuple(shape)} has a negative dimension")
+  return tuple(int(s) for s in shape)
+
+
+def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
+  """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere."""
+  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
+
+
+class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin):
+  """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None)` takes a numpy
+  array (its dtype is kept), nested lists or a Python scalar (int -> int32, float -> float32, bool -> bool)."""
+  __slots__ = ("uop", "shape", "device")
+  __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
+  __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
+
+  def __init__(self, data, dtype=None, device=None):
+    device = device_name(device)
+    dt = None if dtype is None else to_dtype(dtype)
+    if isinstance(data, Tensor):
+      t = data.to(device) if dt is None else data.cast(dt).to(device)
+      self.uop, self.shape, self.device = t.uop, t.shape, t.device
+      return
+    if is_scalar(data) and not isinstance(data, np.generic):
+      # a Python scalar is a constant of the graph, not data
+      dt = dt or dtypes.from_py(data)
+      self.uop, self.shape, self.device = const_uop(check_fits(data, dt, "Tensor"), dt, ()), (), device
+      return
+    arr = _as_array(data, dt)
+    buf = _buffer(device, arr)
+    self.uop = UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.contiguous(arr.shape))
+    self.shape, self.device = tuple(arr.shape), device
+
+  @classmethod
+  def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
+    t = object.__new__(cls)
+    t.uop, t.shape, t.device = uop, tuple(shape), device
+    return t
+
+  def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
+    """A tensor on this one's device (of this one's shape unless told)."""
+    return self._from_uop(uop, self.shape if shape is None else shape, self.device)
+
+  def _const(self, value, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Tensor:
+    dtype = dtype or self.dtype
+    shape = self.shape if shape is None else shape
+    return self._new(const_uop(value, dtype, shape), shape)
+
+  # ---- properties ----
+  @property
+  def dtype(self) -> DType: return self.uop.dtype
+  @property
+  def ndim(self) -> int: return len(self.shape)
+  def numel(self) -> int: return math.prod(self.shape)
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+  def __iter__(self):
+    if not self.shape: raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
+  def __repr__(self) -> str:
+    state = "realized" if self.is_realized else f"lazy, {len(self.uop.toposort)} nodes"
+    return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device} ({state})>"
+  def __bool__(self) -> bool:
+    if self.numel() != 1:
+      raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
+    return bool(self.item())
+  def __setitem__(self, idx, value):
+    raise TypeError("Tensor does not support item assignment: tensors are immutable graphs; build a new one "
+                    "(e.g. with where() or pad())")
+
+  # ---- type and place ----
+  def cast(self, dtype) -> Tensor:
+    dtype = to_dtype(dtype) if not isinstance(dtype, DType) else dtype
+    if dtype is self.dtype: return self
+    u = self.uop
+    if u.op is Ops.VIEW and u.src[0].op is Ops.CONST and (v := _cast_const(u.src[0].arg, dtype)) is not None:
+      return self._new(UOp(Ops.VIEW, dtype, (UOp.const(dtype, v),), u.arg))  # a cast constant is a constant
+    return self._new(UOp(Ops.CAST, dtype, (u,)))
+  def float(self) -> Tensor: return self.cast(dtypes.float32)
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def int(self) -> Tensor: return self.cast(dtypes.int32)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
+  def contiguous(self) -> Tensor:
+    """This tensor, stored in a buffer of its own in row-major order when realized."""
+    if self.is_realized: return self
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+  def to(self, device) -> Tensor:
+    """This tensor on `device` ("CPU", "CUDA"): a COPY node, or the tensor itself when it is there already."""
+    device = device_name(device)
+    if device == self.device: return self
+    if _is_const(self.uop): return self._from_uop(self.uop, self.shape, device)  # constants live everywhere
+    return self._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), (self.device, device)), self.shape, device)
+
+  # ---- realizing ----
+  @property
+  def is_realized(self) -> bool:
+    u = self.uop
+    return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.is_contiguous
+
+  def realize(self) -> Tensor:
+    Tensor.realize_all(self)
+    return self
+
+  @staticmethod
+  def realize_all(*tensors: Tensor) -> None:
+    """Realize several tensors in one go, so that work they share runs once."""
+    todo = [t for t in tensors if not t.is_realized]
+    if not todo: return
+    from runtime.realize import realize
+    outs = realize([(t.uop, t.device) for t in todo])
+    for t, u in zip(todo, outs): t.uop = u
+
+  def numpy(self) -> np.ndarray:
+    self.realize()
+    buf, view = self.uop.src[0].arg, self.uop.arg
+    if view.shape != self.shape:
+      raise RuntimeError(f"realize returned a view of shape {view.shape} for a tensor of shape {self.shape}")
+    return buf.numpy()[:self.numel()].reshape(self.shape)
+  def tolist(self): return self.numpy().tolist()
+  def item(self):
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor of one element, this one has shape {self.shape}")
+    return self.numpy().reshape(()).item()
+  def __array__(self, dtype=None, copy=None):
+    arr = self.numpy()
+    return arr if dtype is None else arr.astype(dtype)
+
+  # ---- creation ----
+  @classmethod
+  def full(cls, shape, value, dtype=None, device=None) -> Tensor:
+    shape = shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), "Tensor.full")
+    dt = dtypes.from_py(py_scalar(value)) if dtype is None else to_dtype(dtype)
+    return cls._from_uop(const_uop(check_fits(value, dt, "Tensor.full"), dt, shape), shape, device_name(device))
+  @classmethod
+  def zeros(cls, *shape, dtype=None, device=None) -> Tensor:
+    return cls.full(shape_arg(shape, "Tensor.zeros"), 0, dtype or dtypes.default_float, device)
+  @classmethod
+  def ones(cls, *shape, dtype=None, device=None) -> Tensor:
+    return cls.full(shape_arg(shape, "Tensor.ones"), 1, dtype or dtypes.default_float, device)
+  def full_like(self, value, dtype=None) -> Tensor: return self.full(self.shape, value, dtype or self.dtype, self.device)
+  def zeros_like(self, dtype=None) -> Tensor: return self.full_like(0, dtype)
+  def ones_like(self, dtype=None) -> Tensor: return self.full_like(1, dtype)
+
+  @classmethod
+  def arange(cls, start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+    """start, start+step, ... up to stop (exclusive), like np.arange; int when all three are ints, else float32."""
+    if stop is None: start, stop = 0, start
+    start, stop, step = py_scalar(start), py_scalar(stop), py_scalar(step)
+    if not all(is_scalar(v) for v in (start, stop, step)): raise TypeError(f"arange({start}, {stop}, {step}) needs numbers")
+    if step == 0: raise ValueError(f"arange({start}, {stop}, {step}): step must not be 0")
+    n = max(0, math.ceil((stop - start) / step))
+    dt = dtypes.from_py([start, stop, step]) if dtype is None else to_dtype(dtype)
+    if dt.is_bool: dt = dtypes.default_int
+    iota = cls._from_uop(UOp(Ops.IOTA, dtypes.int32, (), n), (n,), device_name(device)).cast(dt)
+    if step != 1: iota = iota * step
+    return iota + start if start != 0 else iota
+
+  @classmethod
+  def eye(cls, n: int, m: int | None = None, dtype=None, device=None) -> Tensor:
+    """The n x m identity matrix (m defaults to n)."""
+    m = n if m is None else m
+    rows = cls.arange(n, device=device).reshape(n, 1)
+    return (rows == cls.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype) if dtype else dtypes.default_float)
+
+
+def _is_const(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.CONST
+
+
+def _cast_const(value, dtype: DType):
+  """`value` converted like a C cast to `dtype`, or None where that is not plain (out of range, NaN to int)."""
+  if dtype.is_bool: return bool(value)
+  if dtype.is_float: return float(value)
+  if isinstance(value, float) and not math.isfinite(value): return None
+  v = int(value)
+  return v if dtypes.min(dtype) <= v <= dtypes.max(dtype) else None
+
+
+def _as_array(data, dt: DType | None) -> np.ndarray:
+  if isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
+  elif isinstance(data, (list, tuple)):
+    try: py_dt = dtypes.from_py(data)
+    except TypeError: py_dt = None  # lists of numpy arrays, say: numpy decides below
+    try: arr = np.array(data, dtype=(dt or py_dt).np if (dt or py_dt) else None)
+    except ValueError as e: raise ValueError(f"Tensor data is not a rectangular nested list: {e}") from None
+  else: raise TypeError(f"Tensor data must be a numpy array, nested lists or a scalar, not {type(data).__name__}")
+  if dt is None:
+    dt = to_dtype(arr.dtype, "numpy dtype of the Tensor data")
+  if arr.dtype != dt.np:
+    if dt.is_int and arr.dtype.kind == 'f' and not np.isfinite(arr).all():
+      raise ValueError(f"Tensor data holds NaN or inf, which {dt.name} cannot represent")
+    arr = arr.astype(dt.np)
+  assert dt in USER_DTYPES
+  return arr
+
+
+def _buffer(device: str, arr: np.ndarray):
+  from runtime.buffer import Buffer
+  buf = Buffer(device, arr.size, dtypes.from_numpy(arr.dtype))
+  return buf.copyin(np.ascontiguousarray(arr).reshape(-1))
