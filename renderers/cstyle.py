@@ -1,0 +1,153 @@
+"""What C and CUDA C share: the text of expressions and statements, as rules over the linear instruction list.
+
+`cstyle_rules` maps a UOp to its C text (ctx: `RenderContext`, which names every value already rendered). A target
+adds its own rules in front (`target_rules + cstyle_rules`: the first match wins) for what it says differently, and
+a `Language` for its type names, literals and math functions. `render_kernel` walks the list that the linearize
+stage produced and lays the text out: loops open and close blocks, values that are not trivially inline get a
+variable of their own.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from rewrite import UOp, UPat, PatternMatcher, Ops, DType, PtrDType, dtypes
+
+
+@dataclass
+class Language:
+  """How a C-family target names types and builds literals and math calls."""
+  kernel_prefix: str = "void"
+  restrict: str = "restrict"
+  half: str = "_Float16"
+  bool_type: str = "bool"
+  infinity: str = "INFINITY"
+  nan: str = "NAN"
+  headers: tuple[str, ...] = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>")
+
+  def type(self, dt: DType | PtrDType) -> str:
+    if isinstance(dt, PtrDType): return f"{self.type(dt.base)}*"
+    if dt is dtypes.float16: return self.half
+    if dt is dtypes.bool: return self.bool_type
+    if dt is dtypes.bfloat16: raise TypeError("bfloat16 is not supported by this renderer")
+    return dt.cname
+
+  def literal(self, dt: DType, v) -> str:
+    if dt.is_bool: return "1" if v else "0"
+    if dt.is_float:
+      if math.isnan(v): s = self.nan
+      elif math.isinf(v): s = self.infinity if v > 0 else f"(-{self.infinity})"
+      else: s = repr(float(v)) + ("" if dt is dtypes.float64 else "f")
+      return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.type(dt)}){s})"
+    if dt.is_int:
+      v = int(v)
+      suffix = {dtypes.int64: "LL", dtypes.uint64: "ULL", dtypes.uint32: "U"}.get(dt, "")
+      if v == dtypes.min(dt) and not dt.is_unsigned: return f"({self.type(dt)})({v + 1}{suffix}-1)"
+      return f"{v}{suffix}" if suffix or dt is dtypes.int32 else f"(({self.type(dt)}){v})"
+    raise TypeError(f"no literal of {dt}")
+
+  def math(self, fn: str, dt: DType) -> str: return fn if dt is dtypes.float64 else f"{fn}f"
+
+
+@dataclass
+class RenderContext:
+  lang: Language
+  names: dict[UOp, str] = field(default_factory=dict)
+  accumulators: dict[UOp, UOp] = field(default_factory=dict)  # innermost loop of a reduction -> the REDUCE
+  def __getitem__(self, u: UOp) -> str:
+    # constants are not in the instruction list: each is its literal
+    if u.op is Ops.CONST and u not in self.names: self.names[u] = self.lang.literal(u.dtype, u.arg)
+    return self.names[u]
+
+
+def _max(ctx: RenderContext, x: UOp) -> str:
+  a, b = ctx[x.src[0]], ctx[x.src[1]]
+  # numpy's maximum propagates NaN: keep a when it is NaN
+  return f"(({a}>{b}||{a}!={a})?{a}:{b})" if x.dtype.is_float else f"(({a}>{b})?{a}:{b})"
+
+
+def _binary(sym: str): return lambda ctx, x: f"({ctx[x.src[0]]}{sym}{ctx[x.src[1]]})"
+
+
+def _reduce_update(ctx: RenderContext, a: UOp) -> str:
+  red = a.src[0]
+  acc, val = ctx.names[red], ctx[red.src[0]]
+  if red.arg is Ops.ADD: return f"{acc} = {acc} + {val};"
+  if red.arg is Ops.MAX:
+    return f"{acc} = ({val}>{acc}||{val}!={val})?{val}:{acc};" if red.dtype.is_float else f"{acc} = ({val}>{acc})?{val}:{acc};"
+  raise TypeError(f"no reduction {red.arg}")
+
+
+def reduce_identity(ctx: RenderContext, red: UOp) -> str:
+  if red.arg is Ops.ADD: return ctx.lang.literal(red.dtype, 0)
+  return ctx.lang.literal(red.dtype, dtypes.min(red.dtype))
+
+
+cstyle_rules = PatternMatcher([
+  (UPat(Ops.CONST, name="c"), lambda ctx, c: ctx.lang.literal(c.dtype, c.arg)),
+  (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}"),
+  (UPat(Ops.INDEX, name="i"), lambda ctx, i: f"({ctx[i.src[0]]}+{ctx[i.src[1]]})"),
+  (UPat(Ops.LOAD, src=(UPat.var("idx"),)), lambda ctx, idx: f"(*{ctx[idx]})"),
+  (UPat(Ops.LOAD, name="ld", src=(UPat.var("idx"), UPat.var("valid"))),
+   lambda ctx, ld, idx, valid: f"({ctx[valid]}?*{ctx[idx]}:{ctx.lang.literal(ld.dtype, 0)})"),
+  (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), lambda ctx, idx, val: f"*{ctx[idx]} = {ctx[val]};"),
+  (UPat(Ops.RANGE, name="r"), lambda ctx, r: f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"),
+  (UPat(Ops.END), lambda: "}"),
+  (UPat(Ops.DEFINE_ACC, name="a"), lambda ctx, a: f"{ctx.lang.type(a.dtype)} {ctx.names[a.src[0]]} = {reduce_identity(ctx, a.src[0])};"),
+  (UPat(Ops.ASSIGN, name="a"), _reduce_update),
+  (UPat(Ops.ADD, name="x"), _binary("+")),
+  (UPat(Ops.MUL, name="x"), _binary("*")),
+  (UPat(Ops.IDIV, name="x"), _binary("/")),
+  (UPat(Ops.FDIV, name="x"), _binary("/")),
+  (UPat(Ops.MOD, name="x"), _binary("%")),
+  (UPat(Ops.CMPLT, name="x"), _binary("<")),
+  (UPat(Ops.CMPNE, name="x"), _binary("!=")),
+  (UPat(Ops.AND, name="x"), _binary("&")),
+  (UPat(Ops.OR, name="x"), _binary("|")),
+  (UPat(Ops.XOR, name="x"), _binary("^")),
+  (UPat(Ops.SHL, name="x"), _binary("<<")),
+  (UPat(Ops.SHR, name="x"), _binary(">>")),
+  (UPat(Ops.MAX, name="x"), _max),
+  (UPat(Ops.NEG, name="x"), lambda ctx, x: f"(-{ctx[x.src[0]]})"),
+  (UPat(Ops.RECIP, name="x"), lambda ctx, x: f"({ctx.lang.literal(x.dtype, 1)}/{ctx[x.src[0]]})"),
+  (UPat(Ops.EXP2, name="x"), lambda ctx, x: f"{ctx.lang.math('exp2', x.dtype)}({ctx[x.src[0]]})"),
+  (UPat(Ops.LOG2, name="x"), lambda ctx, x: f"{ctx.lang.math('log2', x.dtype)}({ctx[x.src[0]]})"),
+  (UPat(Ops.SIN, name="x"), lambda ctx, x: f"{ctx.lang.math('sin', x.dtype)}({ctx[x.src[0]]})"),
+  (UPat(Ops.SQRT, name="x"), lambda ctx, x: f"{ctx.lang.math('sqrt', x.dtype)}({ctx[x.src[0]]})"),
+  (UPat(Ops.TRUNC, name="x"), lambda ctx, x: f"{ctx.lang.math('trunc', x.dtype)}({ctx[x.src[0]]})"),
+  (UPat(Ops.MULACC, name="x"), lambda ctx, x: f"{ctx.lang.math('fma', x.dtype)}({', '.join(ctx[s] for s in x.src)})"),
+  (UPat(Ops.WHERE, name="x"), lambda ctx, x: f"({ctx[x.src[0]]}?{ctx[x.src[1]]}:{ctx[x.src[2]]})"),
+  (UPat(Ops.CAST, name="x"), lambda ctx, x: f"(({ctx.lang.type(x.dtype)})({ctx[x.src[0]]}))"),
+], name="render.cstyle")
+
+# values that are named by their text rather than given a variable
+INLINE = frozenset({Ops.CONST, Ops.DEFINE_GLOBAL, Ops.INDEX})
+STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN})
+
+
+def kernel_params(linear: UOp, lang: Language) -> list[str]:
+  globals_ = sorted((u for u in linear.src if u.op is Ops.DEFINE_GLOBAL), key=lambda g: g.arg)
+  written = {u.src[0].src[0] for u in linear.src if u.op is Ops.STORE}
+  return [f"{'' if g in written else 'const '}{lang.type(g.dtype)} {lang.restrict} data{g.arg}".replace("  ", " ") for g in globals_]
+
+
+def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language, prefix_lines=None) -> str:
+  """The text of one kernel from its linear instruction list (a SINK with arg "linear")."""
+  if linear.arg != "linear": raise ValueError("render_kernel takes the output of the linearize stage")
+  ctx = RenderContext(lang)
+  lines: list[str] = []
+  depth = 1
+  for i, u in enumerate(linear.src):
+    if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
+    elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators[u.src[0].src[-1]] = u.src[0]
+    elif u.op is Ops.REDUCE: continue  # its value is its accumulator, named at DEFINE_ACC
+    text = rules.rewrite(u, ctx)
+    if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")
+    if u.op is Ops.END: depth -= 1
+    if u.op is Ops.RANGE or u.op in STATEMENTS:
+      lines += ["  " * depth + t for t in text.split("\n")]
+    elif u.op in INLINE: ctx.names[u] = text
+    else:
+      ctx.names[u] = f"v{i}"
+      lines.append(f"{'  ' * depth}{lang.type(u.dtype)} v{i} = {text};")
+    if u.op is Ops.RANGE: depth += 1
+  params = ", ".join(kernel_params(linear, lang))
+  return "\n".join([f"{lang.kernel_prefix} {name}({params}) {{", *(prefix_lines or []), *lines, "}"])

@@ -1,0 +1,91 @@
+"""The compiler on one screen: the ordered stages from a tensor graph to linear kernels.
+
+Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage).
+Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
+one kernel at a time. A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
+`pipeline.replace` (see docs/rules.md).
+"""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
+from .realize import realize_rules, kernelize_rules, group_rules, KernelizeContext, GroupDecisions
+from .views import view_rules
+from .lower import lower_rules, LowerContext
+from .symbolic import symbolic_rules
+from .linearize import opt_rules, linearize_rules, OptContext
+
+
+@dataclass
+class Stage:
+  name: str
+  rules: PatternMatcher
+  scope: str                                    # "graph", "schedule" or "kernel"
+  make_ctx: Callable[[Any], Any] | None = None  # run -> ctx for one application
+  top_down: bool = False
+  origin: str = "graft"                         # where the rule set comes from (a user's module, say)
+
+
+@dataclass
+class Run:
+  """What one pass through the pipeline knows: the default device and the decisions worth explaining."""
+  device: str
+  parallel: bool = True
+  kernelize: KernelizeContext | None = None
+  group: GroupDecisions | None = None
+
+
+def _kernelize_ctx(run: Run) -> KernelizeContext:
+  run.kernelize = KernelizeContext(run.device)
+  return run.kernelize
+
+
+def _group_ctx(run: Run) -> GroupDecisions:
+  run.group = GroupDecisions()
+  return run.group
+
+
+@dataclass
+class Pipeline:
+  stages: list[Stage] = field(default_factory=list)
+
+  def __iter__(self): return iter(self.stages)
+  def names(self) -> list[str]: return [s.name for s in self.stages]
+
+  def index(self, name: str) -> int:
+    for i, s in enumerate(self.stages):
+      if s.name == name: return i
+    raise ValueError(f"no stage named {name!r}; the stages are {', '.join(self.names())}")
+
+  def run(self, root: UOp, scope: str, run: Run) -> UOp:
+    """Apply every stage of `scope` in order."""
+    for stage in self.stages:
+      if stage.scope != scope: continue
+      ctx = stage.make_ctx(run) if stage.make_ctx else None
+      root = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down)
+    return root
+
+
+pipeline = Pipeline([
+  Stage("realize", realize_rules, "graph"),
+  Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
+  Stage("group", group_rules, "schedule", _group_ctx),
+  Stage("views", view_rules, "kernel"),
+  Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
+  Stage("symbolic", symbolic_rules, "kernel"),
+  Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
+  Stage("linearize", linearize_rules, "kernel"),
+])
+
+
+def schedule(outputs: list[UOp], devices: list[str], run: Run) -> tuple[list[UOp], list[UOp]]:
+  """(kernels in execution order, the outputs as views of their buffers)."""
+  sink = UOp(Ops.SINK, src=tuple(outputs), arg=tuple(devices))
+  realized = pipeline.run(sink, "graph", run)
+  kernels = pipeline.run(UOp(Ops.SINK, src=tuple(run.kernelize.kernels)), "schedule", run).src
+  return list(kernels), list(realized.src)
+
+
+def lower_kernel(kernel: UOp, run: Run) -> UOp:
+  """A KERNEL through the kernel stages: the SINK of its linear instruction list."""
+  return pipeline.run(kernel, "kernel", run)

@@ -1,0 +1,185 @@
+"""Realization: which tensor-level nodes become buffers, and the kernels that fill them.
+
+Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
+`CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, and a computed value that
+holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
+work). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
+reduction fuses with the elementwise work before and after it. Constants are never buffers.
+
+Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
+`VIEW(BUFFER)` of a new buffer and records the kernel `KERNEL(STORE(VIEW(BUFFER), x))` that fills it, and each
+`COPY` by a new buffer and a copy record. Bottom-up order means a kernel is recorded after the kernels it reads
+from: `ctx.kernels` is a valid execution order.
+
+Stage `group` (rule `group_outputs`) merges kernels of one output shape and device into one kernel with several
+stores, unless one depends on the other (that would be a cycle): every refused merge is recorded with its reason.
+"""
+from __future__ import annotations
+import itertools
+from dataclasses import dataclass, field
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite
+from .view import View
+from .shapes import shape_of
+
+
+@dataclass(frozen=True, eq=False)
+class NewBuffer:
+  """A buffer the pipeline decided to create; the runtime allocates it. Hashed by identity."""
+  size: int
+  device: str
+  number: int
+  def __repr__(self): return f"NewBuffer#{self.number}({self.size} on {self.device})"
+
+
+# ---- helpers for the rules' right-hand sides ----
+def is_buffer_view(u: UOp) -> bool:
+  """u is a whole buffer read in order: the realized form of a tensor."""
+  return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.is_contiguous and u.arg.size == u.src[0].arg.size
+
+
+def holds_reduction(u: UOp) -> bool:
+  """u computes a reduction itself, not behind a buffer."""
+  stack, seen = [u], set()
+  while stack:
+    n = stack.pop()
+    if n in seen or n.op in (Ops.BUFFER, Ops.CONTIGUOUS): continue
+    seen.add(n)
+    if n.op is Ops.REDUCE_AXIS: return True
+    stack.extend(n.src)
+  return False
+
+
+def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(view.shape, view.strides))
+
+
+def _realize_output(sink: UOp) -> UOp | None:
+  srcs = tuple(s if is_buffer_view(s) or s.op is Ops.CONTIGUOUS else UOp(Ops.CONTIGUOUS, s.dtype, (s,), sink.arg[i])
+               for i, s in enumerate(sink.src))
+  return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
+
+
+def _realize_before_expand(v: UOp, x: UOp) -> UOp | None:
+  if x.op is Ops.CONTIGUOUS or not expands(v.arg) or not holds_reduction(x): return None
+  return v.replace(src=(UOp(Ops.CONTIGUOUS, x.dtype, (x,)),))
+
+
+def _realize_copy_source(c: UOp, x: UOp) -> UOp | None:
+  if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
+  return c.replace(src=(UOp(Ops.CONTIGUOUS, x.dtype, (x,), c.arg[0]),))
+
+
+realize_rules = PatternMatcher([
+  # the outputs are buffers (SINK.arg holds each output's device)
+  (UPat(Ops.SINK, name="sink"), _realize_output),
+  # contiguous() of what already is a whole buffer in order is that buffer
+  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None),
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x),
+  # a reduction read through an expand is computed once, into a buffer
+  (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
+  # a copy between devices reads a buffer
+  (UPat(Ops.COPY, name="c", src=(UPat(name="x"),)), _realize_copy_source),
+], name="realize")
+
+
+# ---- kernelize ----
+@dataclass
+class KernelizeContext:
+  default_device: str
+  kernels: list[UOp] = field(default_factory=list)
+  counter: itertools.count = field(default_factory=itertools.count)
+
+  def new_buffer(self, dtype, size: int, device: str) -> UOp:
+    return UOp(Ops.BUFFER, dtype, (), NewBuffer(size, device, next(self.counter)))
+
+
+def device_of_inputs(x: UOp) -> str | None:
+  for n in x.toposort:
+    if n.op is Ops.BUFFER: return n.arg.device
+  return None
+
+
+def _kernel_for(ctx: KernelizeContext, c: UOp, x: UOp) -> UOp:
+  shape = shape_of(x)
+  device = c.arg or device_of_inputs(x) or ctx.default_device
+  out = UOp(Ops.VIEW, x.dtype, (ctx.new_buffer(x.dtype, View.contiguous(shape).size, device),), View.contiguous(shape))
+  ctx.kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(out, x)),), arg=device))
+  return out
+
+
+def _copy_for(ctx: KernelizeContext, c: UOp, x: UOp) -> UOp:
+  out = UOp(Ops.VIEW, x.dtype, (ctx.new_buffer(x.dtype, x.arg.size, c.arg[1]),), x.arg)
+  ctx.kernels.append(UOp(Ops.COPY, x.dtype, (out.src[0], x.src[0]), c.arg))
+  return out
+
+
+kernelize_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(name="x"),)), _kernel_for),
+  (UPat(Ops.COPY, name="c", src=(UPat(Ops.VIEW, name="x", src=(UPat(Ops.BUFFER),)),)), _copy_for),
+], name="kernelize")
+
+
+# ---- grouping kernels into multi-output kernels ----
+def kernel_output_shape(k: UOp) -> tuple[int, ...]: return k.src[0].src[0].arg.shape
+
+
+def buffers_read(k: UOp) -> set[UOp]:
+  written = {st.src[0].src[0] for st in k.src} if k.op is Ops.KERNEL else {k.src[0]}
+  return {n for n in k.toposort if n.op is Ops.BUFFER} - written
+
+
+def buffers_written(k: UOp) -> set[UOp]:
+  return {st.src[0].src[0] for st in k.src} if k.op is Ops.KERNEL else {k.src[0]}
+
+
+@dataclass
+class GroupDecisions:
+  """Why kernels were or were not merged (read by DEBUG=2 and the statistics)."""
+  refused: list[str] = field(default_factory=list)
+  merged: list[str] = field(default_factory=list)
+
+
+def group_outputs(schedule: UOp, ctx: GroupDecisions) -> UOp | None:
+  """Merge two kernels with one output shape and device unless one needs the other's result (a cycle)."""
+  kernels = list(schedule.src)
+  for i, j in itertools.combinations(range(len(kernels)), 2):
+    a, b = kernels[i], kernels[j]
+    if a.op is not Ops.KERNEL or b.op is not Ops.KERNEL or a.arg != b.arg: continue
+    if kernel_output_shape(a) != kernel_output_shape(b): continue
+    # b may join a only if nothing b needs is produced by a, or by a kernel that itself needs a
+    needs_a = set(buffers_written(a))
+    for k in kernels[i + 1:j]:
+      if buffers_read(k) & needs_a: needs_a |= buffers_written(k)
+    if buffers_read(b) & needs_a:
+      reason = f"kernel {j} was not fused into kernel {i}: it reads what kernel {i} writes (fusing would make a cycle)"
+      if reason not in ctx.refused: ctx.refused.append(reason)
+      continue
+    ctx.merged.append(f"kernels {i} and {j} store to one shape {kernel_output_shape(a)}: fused into one kernel")
+    merged = UOp(Ops.KERNEL, a.dtype, a.src + b.src, a.arg)
+    return schedule.replace(src=tuple(kernels[:i]) + (merged,) + tuple(kernels[i + 1:j]) + tuple(kernels[j + 1:]))
+  return None
+
+
+group_rules = PatternMatcher([(UPat(Ops.SINK, name="schedule"), group_outputs)], name="group")
+
+
+# ---- normalized kernels: equal kernels over different buffers are one UOp ----
+@dataclass(frozen=True)
+class Slot:
+  """A kernel's n-th buffer argument, standing for whichever buffer a call passes there."""
+  number: int
+  size: int
+  device: str
+
+
+_to_slots = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda ctx, b: ctx.get(b))], name="normalize")
+
+
+def normalize(kernel: UOp) -> tuple[UOp, list[UOp]]:
+  """The kernel with its buffers replaced by slots (written buffers first), and the buffers in slot order."""
+  written = [st.src[0].src[0] for st in kernel.src]
+  read = [n for n in kernel.toposort if n.op is Ops.BUFFER and n not in written]
+  buffers = list(dict.fromkeys(written + read))
+  slots = {b: UOp(Ops.BUFFER, b.dtype, (), Slot(i, b.arg.size, b.arg.device)) for i, b in enumerate(buffers)}
+  return graph_rewrite(kernel, _to_slots, slots, name="normalize"), buffers
+
+

@@ -1,0 +1,148 @@
+"""realize: tensor graphs in, buffers out. Runs the rule pipeline, renders and builds new kernels, runs the schedule.
+
+The host side is a program too: `Schedule` is the list of steps (a kernel call over buffers, or a copy between
+devices) in execution order. Kernels are cached by their normalized form (buffers replaced by numbered slots), so a
+graph rebuilt every call reuses its compiled kernels.
+
+DEBUG=1 prints one line per realize, DEBUG=2 one line per kernel, DEBUG=3 the generated source too.
+"""
+from __future__ import annotations
+import hashlib, os, time
+from dataclasses import dataclass, field
+from rewrite import UOp, Ops
+from rules.pipeline import schedule, lower_kernel, Run
+from rules.realize import NewBuffer, normalize
+from .buffer import Buffer
+from .device import get_device, canonical_name
+
+
+def debug_level() -> int:
+  try: return int(os.environ.get("DEBUG", "0") or 0)
+  except ValueError: return 0
+
+
+@dataclass(eq=False)
+class CompiledKernel:
+  name: str
+  device: str
+  source: str
+  linear: UOp
+  args: list[int]            # slot numbers the kernel takes, in parameter order
+  flops: int
+  bytes: int
+  program: object = None
+
+
+def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
+  """(arithmetic ops executed, bytes of the buffers touched once each): for DEBUG's rates."""
+  flops, trip, loops = 0, 1, []
+  for u in linear.src:
+    if u.op is Ops.RANGE: loops.append(u.src[0].arg); trip *= u.src[0].arg
+    elif u.op is Ops.END: trip //= loops.pop()
+    elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip
+    elif u.op is Ops.ASSIGN: flops += trip
+  return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
+
+
+_kernels: dict[tuple[UOp, str], CompiledKernel] = {}
+
+
+def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
+  linear = lower_kernel(norm, Run(device, parallel=not getattr(get_device(device).renderer, "device_loops", False)))
+  renderer = get_device(device).renderer
+  shape = norm.src[0].src[0].arg.shape
+  kind = "r" if any(u.op is Ops.REDUCE for u in linear.src) else "E"
+  body = renderer.render("KERNEL_NAME", linear)
+  name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
+  args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+  flops, nbytes = kernel_cost(linear, buffers)
+  return CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
+
+
+@dataclass
+class Step:
+  kernel: CompiledKernel | None   # None: a copy between devices
+  buffers: list[Buffer]
+
+
+@dataclass
+class Schedule:
+  steps: list[Step] = field(default_factory=list)
+  outputs: list[UOp] = field(default_factory=list)
+  explanations: list[str] = field(default_factory=list)
+
+
+def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
+  uops = [u for u, _ in outputs]
+  devices = [canonical_name(d) for _, d in outputs]
+  run = Run(devices[0] if devices else "CPU")
+  kernels, realized = schedule(uops, devices, run)
+  real: dict[UOp, Buffer] = {}
+  def buffer_of(b: UOp) -> Buffer:
+    if not isinstance(b.arg, NewBuffer): return b.arg
+    if b not in real: real[b] = Buffer(b.arg.device, b.arg.size, b.dtype)
+    return real[b]
+  sched = Schedule(explanations=list(run.group.refused + run.group.merged) if run.group else [])
+  pending: dict[str, list[CompiledKernel]] = {}
+  for k in kernels:
+    if k.op is Ops.COPY:
+      sched.steps.append(Step(None, [buffer_of(k.src[0]), buffer_of(k.src[1])]))
+      continue
+    norm, bufs = normalize(k)
+    ck = _kernels.get((norm, k.arg))
+    if ck is None:
+      ck = _kernels[(norm, k.arg)] = _compile(norm, bufs, k.arg)
+      pending.setdefault(k.arg, []).append(ck)
+    sched.steps.append(Step(ck, [buffer_of(bufs[i]) for i in ck.args]))
+  for device, cks in pending.items():
+    dev = get_device(device)
+    try:
+      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
+    except Exception:
+      for ck in cks: _kernels.pop(next(key for key, v in _kernels.items() if v is ck), None)
+      raise
+    for ck in cks: ck.program = programs[ck.name]
+  sched.outputs = [_with_real_buffers(u, buffer_of) for u in realized]
+  return sched
+
+
+def _with_real_buffers(u: UOp, buffer_of) -> UOp:
+  buf = u.src[0]
+  return u.replace(src=(UOp(Ops.BUFFER, buf.dtype, (), buffer_of(buf)),))
+
+
+def run_schedule(sched: Schedule) -> float:
+  dbg = debug_level()
+  total = 0.0
+  for step in sched.steps:
+    if step.kernel is None:
+      dst, src = step.buffers
+      t0 = time.perf_counter()
+      dst.copyin(src.numpy())
+      dt = time.perf_counter() - t0
+      if dbg >= 2: print(f"  copy {src.device} -> {dst.device}  {src.nbytes / 1e6:.1f} MB  {dt * 1e3:.3f} ms")
+    else:
+      ck = step.kernel
+      dev = get_device(ck.device)
+      launch = getattr(ck.program, "launch_dims", None)
+      dt = ck.program(*[b.handle for b in step.buffers], wait=dbg >= 2) or 0.0
+      if dbg >= 2:
+        rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
+        print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
+      if dbg >= 3: print(ck.source)
+    total += dt
+  return total
+
+
+def realize(outputs: list[tuple[UOp, str]]) -> list[UOp]:
+  """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order."""
+  t0 = time.perf_counter()
+  sched = build_schedule(outputs)
+  if debug_level() >= 2:
+    for line in sched.explanations: print(f"  {line}")
+  run_schedule(sched)
+  for dev in {ck.kernel.device for ck in sched.steps if ck.kernel is not None}: get_device(dev).synchronize()
+  if debug_level() >= 1 and sched.steps:
+    print(f"realize: {sum(s.kernel is not None for s in sched.steps)} kernels, {len(sched.steps)} steps, "
+          f"{(time.perf_counter() - t0) * 1e3:.2f} ms")
+  return sched.outputs
