@@ -1,0 +1,411 @@
+"""The CUDA device: kernels built with nvcc into a cubin, loaded and launched through the CUDA driver API.
+
+The driver (`libcuda.so.1`, installed with the NVIDIA driver, not with the toolkit) is reached through cffi's ABI
+mode: a `cdef` of the few functions used and a `dlopen`, so nothing is compiled to talk to it. Every driver call that
+fails raises `CUDAError`, which carries the call's name and the driver's own error name and text.
+
+Nothing is touched at import: the driver is loaded when the device is created (`get_device("CUDA")`, which is what
+`DEVICE=CUDA` does), and nvcc is looked for at the first build. Without the driver that creation raises
+`CUDAUnavailable`; without nvcc the build raises `CompileError`; both messages say how to fall back to DEVICE=CPU.
+`compile_cuda(source, arch)` needs nvcc only, so machines without a GPU (CI) can still check that kernels compile.
+
+Kernels. All kernels of one source are built by one nvcc call (`-cubin -arch=sm_XY`, XY the device's compute
+capability; no --use_fast_math, so float math stays IEEE and matches numpy within float32 rounding; nvcc's default
+FMA contraction is kept, it only rounds less). Each kernel named in `build(source, names)` must be `extern "C"` (so
+its symbol is its name) and declared as `__global__ void NAME(params)` with its parameter list up to the first `)`
+written out in the source, e.g. `extern "C" __global__ void add(float* out, const float* a, int n)`. The launch reads
+that list: a pointer parameter takes a device pointer (an int, what the allocator hands out), a scalar parameter takes
+a Python int or float converted to its declared C type (the renderer's indices and sizes are `int`: 32 bits, so a
+Python int outside int32 is refused instead of being truncated).
+
+Launch geometry: `global_size` is the grid, in blocks (not threads), and `local_size` the block, in threads; each is
+a 3-tuple (shorter tuples and plain ints are padded with 1s). Launches go to the legacy default stream, so they run
+in order with each other and with the copies, and `copyout` waits for them.
+"""
+from __future__ import annotations
+import atexit
+import functools
+import operator
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from runtime import cache
+from runtime.device import Allocator, CompileError, Device
+
+LIBCUDA = "libcuda.so.1"  # the driver library's soname; a module attribute so tests can point it elsewhere
+NVCC_FLAGS = ("-cubin",)  # plus -arch=sm_XY; nothing that relaxes IEEE float semantics
+# where nvcc is looked for when it is not on PATH ($CUDA_HOME/bin/nvcc is tried before these)
+NVCC_FALLBACKS: tuple[str, ...] = ("/usr/local/cuda/bin/nvcc",)
+
+# CUdevice_attribute values (cuda.h)
+_ATTRIBUTES = {
+  "max_threads_per_block": 1,
+  "max_block_dim_x": 2, "max_block_dim_y": 3, "max_block_dim_z": 4,
+  "max_grid_dim_x": 5, "max_grid_dim_y": 6, "max_grid_dim_z": 7,
+  "shared_memory_per_block": 8,
+  "multiprocessor_count": 16,
+  "compute_capability_major": 75, "compute_capability_minor": 76,
+}
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+_CUDA_ERROR_DEINITIALIZED = 4
+_CUDA_ERROR_NOT_FOUND = 500
+
+_CDEF = """
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+CUresult cuInit(unsigned int flags);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t nbytes);
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t nbytes);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t nbytes);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridX, unsigned int gridY, unsigned int gridZ,
+                        unsigned int blockX, unsigned int blockY, unsigned int blockZ,
+                        unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra);
+CUresult cuEventCreate(CUevent *event, unsigned int flags);
+CUresult cuEventRecord(CUevent event, CUstream stream);
+CUresult cuEventSynchronize(CUevent event);
+CUresult cuEventElapsedTime(float *milliseconds, CUevent start, CUevent end);
+CUresult cuEventDestroy_v2(CUevent event);
+CUresult cuGetErrorName(CUresult error, const char **name);
+CUresult cuGetErrorString(CUresult error, const char **text);
+"""
+
+_ffi: Any = None  # cffi.FFI, made on first use so that importing this module costs nothing
+_lib: Any = None  # the dlopened driver
+_exiting = False  # set at interpreter exit: the process is about to drop all device memory anyway
+
+
+@atexit.register
+def _mark_exiting() -> None:
+  global _exiting
+  _exiting = True
+
+
+class CUDAUnavailable(RuntimeError):
+  """DEVICE=CUDA was asked for on a machine without a usable NVIDIA driver or GPU."""
+
+
+class CUDAError(RuntimeError):
+  """A CUDA driver call failed: `call` (its name), `code`, `error_name` (e.g. CUDA_ERROR_INVALID_VALUE) and
+  `error_string` (the driver's explanation)."""
+
+  def __init__(self, call: str, code: int, error_name: str, error_string: str, context: str = ""):
+    self.call, self.code, self.error_name, self.error_string = call, code, error_name, error_string
+    super().__init__(f"{call} failed with {error_name} ({code}): {error_string}" + (f"; {context}" if context else ""))
+
+
+class CUDAOutOfMemory(CUDAError, MemoryError):
+  """CUDA_ERROR_OUT_OF_MEMORY: a MemoryError too, so the pool gives its memory back and the allocation is retried."""
+
+
+# ---------------------------------------------------------------- driver
+
+def driver() -> Any:
+  """The driver library, loaded on first use (CUDAUnavailable when it is not installed)."""
+  global _ffi, _lib
+  if _lib is None:
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef(_CDEF)
+    try: lib = ffi.dlopen(LIBCUDA)
+    except OSError as e:
+      raise CUDAUnavailable(f"DEVICE=CUDA needs the NVIDIA driver's library {LIBCUDA}, which could not be loaded "
+                            f"({e}): this machine has no NVIDIA driver (or no GPU). Install the driver, or run on "
+                            f"the CPU with DEVICE=CPU") from None
+    _ffi, _lib = ffi, lib
+  return _lib
+
+
+def _error_text(code: int) -> tuple[str, str]:
+  name, text = _ffi.new("const char **"), _ffi.new("const char **")
+  n = _ffi.string(name[0]).decode() if _lib.cuGetErrorName(code, name) == 0 and name[0] else f"CUresult {code}"
+  s = _ffi.string(text[0]).decode() if _lib.cuGetErrorString(code, text) == 0 and text[0] else "unknown error"
+  return n, s
+
+
+def check(call: str, code: int, context: str = "") -> None:
+  """Raise CUDAError for a failed driver call `call` that returned `code`."""
+  if code != 0:
+    name, text = _error_text(code)
+    cls = CUDAOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CUDAError
+    raise cls(call, code, name, text, context)
+
+
+def _call(name: str, *args: Any, context: str = "") -> None:
+  check(name, getattr(_lib, name)(*args), context)
+
+
+# ---------------------------------------------------------------- nvcc
+
+def find_nvcc() -> str:
+  """The nvcc to use: from PATH, else $CUDA_HOME/bin/nvcc, else /usr/local/cuda/bin/nvcc (CompileError if none)."""
+  candidates = [os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")] if os.environ.get("CUDA_HOME") else []
+  candidates += NVCC_FALLBACKS
+  if (found := shutil.which("nvcc")) is not None: return found
+  for c in candidates:
+    if os.path.isfile(c) and os.access(c, os.X_OK): return c
+  raise CompileError("nvcc (the CUDA compiler, from the CUDA toolkit) was not found: not on PATH, "
+                     f"nor at {', '.join(candidates) or '$CUDA_HOME/bin/nvcc'}. Install the CUDA toolkit and put its "
+                     "bin/ on PATH (or set CUDA_HOME), or run on the CPU with DEVICE=CPU")
+
+
+@functools.cache
+def nvcc_identity(nvcc: str) -> str:
+  """Resolved path and version of nvcc, for the cache key: a new toolkit must not reuse old cubins."""
+  try: out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+  except (OSError, subprocess.SubprocessError) as e: out = f"unknown ({e})"
+  return f"{os.path.realpath(nvcc)}: {out}"
+
+
+def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> None:
+  """The one compiler call: `src` (CUDA C++) into the cubin `out`. Raises CompileError with nvcc's message."""
+  cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", str(out), str(src)]
+  try: r = subprocess.run(cmd, capture_output=True, text=True)
+  except OSError as e:
+    raise CompileError(f"cannot run nvcc ({nvcc}) on kernel source {src}: {e}") from None
+  if r.returncode != 0:
+    raise CompileError(f"nvcc failed (exit {r.returncode}) on kernel source {src}\ncommand: {shlex.join(cmd)}\n"
+                       f"{(r.stderr + r.stdout).strip()}")
+
+
+def cubin_path(source: str, arch: str) -> Path:
+  """The cached cubin of `source` for `arch` (e.g. "sm_90"), built now by nvcc when it is not cached yet."""
+  nvcc = find_nvcc()
+  key_extra = (nvcc_identity(nvcc), f"-arch={arch}", *NVCC_FLAGS)
+  return cache.build_cached(source, key_extra, ".cubin", functools.partial(_run_nvcc, nvcc, arch))
+
+
+def compile_cuda(source: str, arch: str = "sm_90") -> bytes:
+  """The cubin nvcc makes of `source` for `arch`. Needs nvcc, not a GPU."""
+  return cubin_path(source, arch).read_bytes()
+
+
+# ---------------------------------------------------------------- kernel signatures
+
+# C scalar types a kernel parameter may have -> the cffi type its value is stored as for cuLaunchKernel
+_SCALARS = {
+  "int": "int32_t", "signed int": "int32_t", "int32_t": "int32_t",
+  "unsigned int": "uint32_t", "unsigned": "uint32_t", "uint32_t": "uint32_t",
+  "long long": "int64_t", "long long int": "int64_t", "int64_t": "int64_t",
+  "unsigned long long": "uint64_t", "unsigned long long int": "uint64_t", "uint64_t": "uint64_t", "size_t": "uint64_t",
+  "float": "float", "double": "double", "bool": "_Bool",
+}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
+
+
+def kernel_params(source: str, name: str) -> list[str]:
+  """The cffi storage type of each parameter of kernel `name` (pointers are "CUdeviceptr"), read from the source."""
+  m = re.search(rf"__global__[^;{{}}]*?\b{re.escape(name)}\s*\(([^)]*)\)", source)
+  if m is None:
+    raise ValueError(f"kernel {name!r} not found in the source: the CUDA device expects it declared as "
+                     f"'extern \"C\" __global__ void {name}(...)' with its parameters written out")
+  params = [p.strip() for p in m.group(1).split(",")]
+  if params in ([""], ["void"]): return []
+  types = []
+  for p in params:
+    if "*" in p or "[" in p:
+      types.append("CUdeviceptr")
+      continue
+    words = [w for w in p.split() if w not in _QUALIFIERS]
+    if len(words) < 2 or (t := _SCALARS.get(" ".join(words[:-1]))) is None:
+      raise ValueError(f"kernel {name!r}: cannot pass parameter {p!r}; CUDA kernels here take pointers and scalars "
+                       f"of the types {', '.join(sorted(_SCALARS))}")
+    types.append(t)
+  return types
+
+
+# ---------------------------------------------------------------- allocator
+
+class CUDAAllocator(Allocator):
+  """Device memory from cuMemAlloc; handles are CUdeviceptr ints. Freed handles wait in the size-keyed pool."""
+
+  def __init__(self, device: CUDADevice):
+    super().__init__()
+    self.device = device
+
+  def _alloc(self, nbytes: int) -> int:
+    self.device.activate()
+    ptr = _ffi.new("CUdeviceptr *")
+    # a zero-byte cuMemAlloc is an error; empty buffers still need a distinct handle
+    _call("cuMemAlloc_v2", ptr, max(nbytes, 1), context=f"allocating {nbytes} bytes on {self.device.device_name}")
+    return int(ptr[0])
+
+  def _free(self, handle: int, nbytes: int) -> None:
+    # at interpreter exit the driver may already be tearing the context down; the process frees everything anyway
+    if _exiting or _lib is None: return
+    self.device.activate()
+    code = _lib.cuMemFree_v2(handle)
+    if code != _CUDA_ERROR_DEINITIALIZED: check("cuMemFree_v2", code)
+
+  def copyin(self, handle: int, src: memoryview) -> None:
+    self.device.activate()
+    _call("cuMemcpyHtoD_v2", handle, _ffi.from_buffer(src), src.nbytes)
+
+  def copyout(self, dst: memoryview, handle: int) -> None:
+    self.device.activate()
+    _call("cuMemcpyDtoH_v2", _ffi.from_buffer(dst, require_writable=True), handle, dst.nbytes)
+
+  def copy(self, dst: int, src: int, nbytes: int) -> None:
+    """Device-to-device copy of `nbytes` from handle `src` to handle `dst`."""
+    self.device.activate()
+    _call("cuMemcpyDtoD_v2", dst, src, nbytes)
+
+
+# ---------------------------------------------------------------- programs
+
+def _dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, int]:
+  if size is None: return (1, 1, 1)
+  try: dims = tuple(map(operator.index, (size,) if not hasattr(size, "__len__") else size))  # numpy ints too
+  except TypeError: dims = ()
+  if not 1 <= len(dims) <= 3 or min(dims) < 1:
+    raise ValueError(f"{what} must be one to three positive ints, got {size!r}")
+  return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
+
+
+class CUDAProgram:
+  """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
+  __slots__ = ("name", "device", "function", "params", "path")
+
+  def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path):
+    self.name, self.device, self.function, self.params, self.path = name, device, function, params, path
+
+  def __call__(self, *args: int | float, global_size: int | Sequence[int] | None = None,
+               local_size: int | Sequence[int] | None = None, wait: bool = False) -> float | None:
+    """Launch on grid `global_size` (blocks) of blocks `local_size` (threads). With wait=True, block until the kernel
+    is done and return its time in seconds, measured with CUDA events; else return None at once."""
+    if len(args) != len(self.params):
+      raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
+    grid, block = _dims(global_size, "global_size"), _dims(local_size, "local_size")
+    # kernelParams is an array of pointers, each to one argument's value stored in its parameter's C type
+    values = []
+    for i, (t, a) in enumerate(zip(self.params, args)):
+      try: values.append(_ffi.new(f"{t} *", a))
+      except (TypeError, OverflowError) as e:
+        kind = "a pointer: pass a device pointer (an int)" if t == "CUdeviceptr" else f"of C type {t}"
+        raise TypeError(f"kernel {self.name} (in {self.path}) argument {i} is {kind}; cannot pass {a!r}: {e}") from None
+    params = _ffi.new("void *[]", max(len(values), 1))
+    for i, v in enumerate(values): params[i] = v
+    self.device.activate()
+    if not wait:
+      self._launch(grid, block, params)
+      return None
+    start, end = _ffi.new("CUevent *"), _ffi.new("CUevent *")
+    _call("cuEventCreate", start, 0)
+    try:
+      _call("cuEventCreate", end, 0)
+      try:
+        _call("cuEventRecord", start[0], _ffi.NULL)
+        self._launch(grid, block, params)
+        _call("cuEventRecord", end[0], _ffi.NULL)
+        _call("cuEventSynchronize", end[0])
+        ms = _ffi.new("float *")
+        _call("cuEventElapsedTime", ms, start[0], end[0])
+        return ms[0] / 1e3
+      finally:
+        _lib.cuEventDestroy_v2(end[0])
+    finally:
+      _lib.cuEventDestroy_v2(start[0])
+
+  def _launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: Any) -> None:
+    code = _lib.cuLaunchKernel(self.function, *grid, *block, 0, _ffi.NULL, params, _ffi.NULL)
+    if code != 0:
+      d = self.device
+      check("cuLaunchKernel", code, f"kernel {self.name} (in {self.path}) with grid {grid} and block {block}; "
+                                    f"{d.device_name} allows {d.max_threads_per_block} threads per block, blocks up "
+                                    f"to {d.max_block_dims} and grids up to {d.max_grid_dims}")
+
+  def __repr__(self): return f"<CUDAProgram {self.name} in {self.path}>"
+
+
+# ---------------------------------------------------------------- device
+
+class CUDADevice(Device):
+  """GPU 0 through its primary context. Creating it loads the driver (CUDAUnavailable without one)."""
+  name = "CUDA"
+  renderer_module = "renderers.cuda"
+
+  def __init__(self, ordinal: int = 0):
+    lib = driver()
+    code = lib.cuInit(0)
+    if code != 0:
+      err_name, text = _error_text(code)
+      raise CUDAUnavailable(f"DEVICE=CUDA: the NVIDIA driver ({LIBCUDA}) is installed but cuInit failed with "
+                            f"{err_name}: {text}. Check that a GPU is visible (nvidia-smi), or run on the CPU with "
+                            f"DEVICE=CPU")
+    dev = _ffi.new("CUdevice *")
+    _call("cuDeviceGet", dev, ordinal)
+    self.ordinal, self.cu_device = ordinal, dev[0]
+    attrs = {}
+    for key, attr in _ATTRIBUTES.items():
+      value = _ffi.new("int *")
+      _call("cuDeviceGetAttribute", value, attr, self.cu_device)
+      attrs[key] = value[0]
+    self.compute_capability = (attrs["compute_capability_major"], attrs["compute_capability_minor"])
+    self.arch = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+    self.max_threads_per_block = attrs["max_threads_per_block"]
+    self.max_block_dims = (attrs["max_block_dim_x"], attrs["max_block_dim_y"], attrs["max_block_dim_z"])
+    self.max_grid_dims = (attrs["max_grid_dim_x"], attrs["max_grid_dim_y"], attrs["max_grid_dim_z"])
+    self.shared_memory_per_block = attrs["shared_memory_per_block"]
+    self.multiprocessor_count = attrs["multiprocessor_count"]
+    self.device_name = f"CUDA:{ordinal} ({self.arch})"
+    # the primary context is the one the runtime API (and so PyTorch, CuPy) shares: retaining it never makes a
+    # second context on the GPU
+    ctx = _ffi.new("CUcontext *")
+    _call("cuDevicePrimaryCtxRetain", ctx, self.cu_device)
+    self.context = ctx[0]
+    self._current = threading.local()  # a context is current per thread: each thread that uses us sets it once
+    self.activate()
+    self.allocator = CUDAAllocator(self)
+    self._modules: dict[str, Any] = {}
+
+  def activate(self) -> None:
+    """Make our context current on the calling thread."""
+    if not getattr(self._current, "set", False):
+      _call("cuCtxSetCurrent", self.context)
+      self._current.set = True
+
+  def build(self, source: str, names: list[str]) -> dict[str, CUDAProgram]:
+    """Compile `source` (one nvcc call for all its kernels, cached on disk) and return a program per name."""
+    names = list(names)
+    params = {n: kernel_params(source, n) for n in names}  # before nvcc: a misnamed kernel fails fast
+    path = cubin_path(source, self.arch)
+    self.activate()
+    if (module := self._modules.get(str(path))) is None:
+      mod = _ffi.new("CUmodule *")
+      _call("cuModuleLoadData", mod, _ffi.from_buffer(path.read_bytes()), context=f"loading {path}")
+      module = self._modules[str(path)] = mod[0]
+    progs = {}
+    for n in names:
+      fn = _ffi.new("CUfunction *")
+      code = _lib.cuModuleGetFunction(fn, module, n.encode())
+      if code == _CUDA_ERROR_NOT_FOUND:
+        raise CompileError(f"kernel {n!r} is not in {path} (source {path.with_suffix('.cu')}); is it declared "
+                           f"extern \"C\" __global__?")
+      check("cuModuleGetFunction", code)
+      progs[n] = CUDAProgram(n, self, fn[0], params[n], path)
+    return progs
+
+  def synchronize(self) -> None:
+    self.activate()
+    _call("cuCtxSynchronize")
