@@ -110,6 +110,9 @@ class ElementwiseMixin:
     a negative base gives a real result only for an integer exponent, and x ** 0 is 1."""
     if not reverse and is_scalar(x) and not isinstance(py_scalar(x), bool):
       e = py_scalar(x)
+      if isinstance(e, int) and e < 0 and not self.dtype.is_float:
+        raise ValueError(f"integer tensor ** {e}: integers to negative integer powers are not allowed (numpy neither); "
+                         f"use a float tensor")
       base = self if result_dtype((self, e)) is self.dtype else self.cast(result_dtype((self, e)))
       if float(e).is_integer() and abs(e) <= 16 and (e >= 0 or base.dtype.is_float):
         return _int_power(base, int(e))
@@ -225,8 +228,8 @@ class ElementwiseMixin:
   def rsqrt(self): return _upcast_half(lambda x: _alu(Ops.RECIP, _alu(Ops.SQRT, x)), self)
   def reciprocal(self): return _upcast_half(lambda x: _alu(Ops.RECIP, x), self)
   def sin(self): return _upcast_half(lambda x: _alu(Ops.SIN, x), self)
-  def cos(self): return _upcast_half(lambda x: _alu(Ops.SIN, x + math.pi / 2), self)
-  def tan(self): return _upcast_half(lambda x: _alu(Ops.SIN, x) / _alu(Ops.SIN, x + math.pi / 2), self)
+  def cos(self): return _upcast_half(_cos, self)
+  def tan(self): return _upcast_half(lambda x: _alu(Ops.SIN, x) / _cos(x), self)
   def sigmoid(self): return _upcast_half(_sigmoid, self)
   def tanh(self): return _upcast_half(lambda x: _sigmoid(x * 2) * 2 - 1, self)
   def relu(self): return (self < 0).where(0, self)  # NaN stays NaN, as in torch
@@ -265,6 +268,13 @@ def _upcast_half(fn, *xs):
 def _sigmoid(x):
   # 1 / (1 + e^-x): exp2 overflows to inf for very negative x, and RECIP(inf) is the right limit 0
   return _alu(Ops.RECIP, _alu(Ops.EXP2, x * -LOG2_E) + 1)
+
+
+def _cos(x):
+  # 1 - 2 sin^2(x/2): x/2 is exact, where sin(x + pi/2) would round the shifted argument (an error of half an ulp
+  # of x, large for large x)
+  h = _alu(Ops.SIN, x * 0.5)
+  return 1 - h * h * 2
 
 
 def _less_equal(a, b):
