@@ -24,13 +24,15 @@ class Stage:
   make_ctx: Callable[[Any], Any] | None = None  # run -> ctx for one application
   top_down: bool = False
   origin: str = "graft"                         # where the rule set comes from (a user's module, say)
+  applies: Callable[[Any], bool] | None = None  # run -> whether this stage runs (device-specific stages)
 
 
 @dataclass
 class Run:
   """What one pass through the pipeline knows: the default device and the decisions worth explaining."""
   device: str
-  parallel: bool = True
+  parallel: bool = True       # loops may run on CPU threads (OpenMP)
+  device_loops: bool = False  # the device maps loops onto its own threads (CUDA grid and blocks)
   kernelize: KernelizeContext | None = None
   group: GroupDecisions | None = None
 
@@ -60,7 +62,7 @@ class Pipeline:
   def run(self, root: UOp, scope: str, run: Run) -> UOp:
     """Apply every stage of `scope` in order."""
     for stage in self.stages:
-      if stage.scope != scope: continue
+      if stage.scope != scope or (stage.applies is not None and not stage.applies(run)): continue
       ctx = stage.make_ctx(run) if stage.make_ctx else None
       root = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down)
     return root

@@ -48,8 +48,9 @@ _kernels: dict[tuple[UOp, str], CompiledKernel] = {}
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
-  linear = lower_kernel(norm, Run(device, parallel=not getattr(get_device(device).renderer, "device_loops", False)))
   renderer = get_device(device).renderer
+  device_loops = getattr(renderer, "device_loops", False)
+  linear = lower_kernel(norm, Run(device, parallel=not device_loops, device_loops=device_loops))
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op is Ops.REDUCE for u in linear.src) else "E"
   body = renderer.render("KERNEL_NAME", linear)
