@@ -8,6 +8,7 @@ padded input's layout), so it too is a multiply and a sum: one kernel, no im2col
 from __future__ import annotations
 from rewrite import UOp, Ops, dtypes
 from rules.view import View, compose
+from .elementwise import broadcast_shape
 
 
 def _pair(v, what: str) -> tuple[int, int]:
@@ -37,6 +38,9 @@ class NNMixin:
     b = w.reshape(w.shape[0], 1) if w.ndim == 1 else w
     if a.shape[-1] != b.shape[-2]:
       raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: inner dimensions {a.shape[-1]} and {b.shape[-2]} differ")
+    try: broadcast_shape(a.shape[:-2], b.shape[:-2])
+    except ValueError: raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: the batch dimensions "
+                                        f"{a.shape[:-2]} and {b.shape[:-2]} cannot be broadcast together") from None
     # (..., n, 1, k) * (..., 1, m, k), summed over k: the product's last axis is the reduced one
     out = _mul_sum(a.unsqueeze(-2), b.transpose(-1, -2).unsqueeze(-3), -1, dtype)
     if self.ndim == 1: out = out.squeeze(-2)
