@@ -3,6 +3,6 @@
 from rewrite import dtypes
 from .tensor import Tensor
 from .random import manual_seed
-from .reduce import AxisError
+from .args import AxisError
 
 __all__ = ["Tensor", "dtypes", "manual_seed", "AxisError"]

@@ -26,16 +26,17 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(out)
 
 
-def operands(*xs, dtype: DType | None = None) -> list:
-  """Tensors and scalars as tensors of one device, one shape and one dtype (the promoted one unless `dtype`)."""
-  first = next(x for x in xs if hasattr(x, "uop"))
-  xs = tuple(_as_operand(x, first) for x in xs)
-  tensors = [x for x in xs if not is_scalar(x)]
+def operands(*xs, dtype: DType | None = None, like=None) -> list:
+  """Tensors and scalars as tensors of one device, one shape and one dtype (the promoted one unless `dtype`).
+  Scalars become constants on the device of the first tensor (or of `like`, which also joins the broadcast)."""
+  like = like if like is not None else next(x for x in xs if hasattr(x, "uop"))
+  xs = tuple(_as_operand(x, like) for x in xs)
+  tensors = [like] + [x for x in xs if not is_scalar(x)]
   if len({t.device for t in tensors}) > 1:
     raise ValueError(f"operands live on different devices ({', '.join(t.device for t in tensors)}): move them with .to()")
   dt = dtype or result_dtype(xs)
   shape = broadcast_shape(*(t.shape for t in tensors))
-  return [first._const(py_scalar(x), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
+  return [like._const(py_scalar(x), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
 
 
 def _as_operand(x, like):
@@ -190,11 +191,8 @@ class ElementwiseMixin:
   def where(self, x, y):
     """`x` where this (condition) tensor is true, `y` elsewhere; all three broadcast together."""
     cond = self if self.dtype.is_bool else self.ne(0)
-    dt = result_dtype((x, y))
-    shape = broadcast_shape(cond.shape, *(v.shape for v in (x, y) if not is_scalar(v)))
-    c = cond.broadcast_to(shape)
-    a, b = operands(c, x, y, dtype=dt)[1:]
-    return _alu(Ops.WHERE, c, a, b)
+    a, b = operands(x, y, like=cond)
+    return _alu(Ops.WHERE, cond.broadcast_to(a.shape), a, b)
 
   def maximum(self, x):
     a, b = operands(self, x)

@@ -10,24 +10,8 @@ import numpy as np
 from rewrite import UOp, Ops, dtypes
 from rules.view import View
 from rules.shapes import shape_of
-
-
-def _ints(args: tuple, what: str) -> tuple[int, ...]:
-  """Movement arguments come as ints (`reshape(2, 3)`) or one tuple (`reshape((2, 3))`)."""
-  if len(args) == 1 and isinstance(args[0], (tuple, list)): args = tuple(args[0])
-  if any(isinstance(a, bool) or not isinstance(a, (int, np.integer)) for a in args):
-    raise TypeError(f"{what}{args}: arguments must be ints")
-  return tuple(int(a) for a in args)
-
-
-def _axis(a, ndim: int, what: str) -> int:
-  from .reduce import normalize_axes
-  return normalize_axes(a, (0,) * ndim, what)[0] if ndim else _no_axis(a, what)
-
-
-def _no_axis(a, what: str):
-  from .reduce import AxisError
-  raise AxisError(f"{what}: axis {a} is out of range for a 0-d tensor")
+from .args import ints, normalize_axes, axis_of, AxisError
+from .promotion import result_dtype
 
 
 def strided(v: View, steps: tuple[int, ...]) -> View:
@@ -57,7 +41,7 @@ class MovementMixin:
 
   def reshape(self, *shape):
     """The same elements in row-major order, in `shape`; one dimension may be -1 (inferred)."""
-    shape = _ints(shape, "reshape")
+    shape = ints(shape, "reshape")
     if shape.count(-1) > 1: raise ValueError(f"reshape{shape}: only one dimension can be -1")
     if any(s < -1 for s in shape): raise ValueError(f"reshape{shape}: dimensions must be >= 0 or -1")
     if -1 in shape:
@@ -71,7 +55,7 @@ class MovementMixin:
     return self._view(lambda v: v.reshape(shape))
 
   def permute(self, *order):
-    order = _ints(order, "permute")
+    order = ints(order, "permute")
     if len(order) != self.ndim or sorted(o % self.ndim if self.ndim else o for o in order) != list(range(self.ndim)) \
        or any(not -self.ndim <= o < self.ndim for o in order):
       raise ValueError(f"permute{order} of a tensor of shape {self.shape}: give each axis 0..{self.ndim - 1} once")
@@ -80,7 +64,7 @@ class MovementMixin:
 
   def transpose(self, a: int = -2, b: int = -1):
     """Swap axes a and b."""
-    a, b = _axis(a, self.ndim, "transpose"), _axis(b, self.ndim, "transpose")
+    a, b = axis_of(a, self.shape, "transpose"), axis_of(b, self.shape, "transpose")
     order = list(range(self.ndim))
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
@@ -93,7 +77,7 @@ class MovementMixin:
   def expand(self, *shape):
     """Size-1 dimensions repeated (without copying) to `shape`; -1 keeps a dimension; missing leading dimensions
     are added."""
-    shape = _ints(shape, "expand")
+    shape = ints(shape, "expand")
     if len(shape) < self.ndim:
       raise ValueError(f"expand of a tensor of shape {self.shape} to {shape}: the target has fewer dimensions")
     padded = (1,) * (len(shape) - self.ndim) + self.shape
@@ -131,14 +115,12 @@ class MovementMixin:
 
   def flip(self, axis=None):
     """Reverse the order of elements along `axis` (int or tuple; None: every axis)."""
-    from .reduce import normalize_axes
     axes = normalize_axes(axis, self.shape, "flip")
     axes = tuple(a for a in axes if self.shape[a] > 1)
     return self._view(lambda v: v.flip(axes)) if axes else self
 
   def squeeze(self, axis=None):
     """Drop size-1 dimensions: all of them, or those named (each must have size 1)."""
-    from .reduce import normalize_axes
     axes = normalize_axes(axis, self.shape, "squeeze")
     if axis is None: axes = tuple(d for d in axes if self.shape[d] == 1)
     elif any(self.shape[d] != 1 for d in axes):
@@ -148,14 +130,14 @@ class MovementMixin:
   def unsqueeze(self, axis: int):
     """A new size-1 dimension at `axis` (-ndim-1..ndim)."""
     if not -self.ndim - 1 <= axis <= self.ndim:
-      raise _axis_error(f"unsqueeze({axis}) of a tensor of shape {self.shape}: axis must be in {-self.ndim - 1}..{self.ndim}")
+      raise AxisError(f"unsqueeze({axis}) of a tensor of shape {self.shape}: axis must be in {-self.ndim - 1}..{self.ndim}")
     axis = axis % (self.ndim + 1)
     return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1):
     """Dimensions start_dim..end_dim (inclusive) merged into one."""
     if self.ndim == 0: return self.reshape(1)
-    s, e = _axis(start_dim, self.ndim, "flatten"), _axis(end_dim, self.ndim, "flatten")
+    s, e = axis_of(start_dim, self.shape, "flatten"), axis_of(end_dim, self.shape, "flatten")
     if s > e: raise ValueError(f"flatten({start_dim}, {end_dim}) of shape {self.shape}: start_dim comes after end_dim")
     return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
@@ -196,12 +178,11 @@ class MovementMixin:
     Each is padded to the joined size with zeros, and the padded tensors are added."""
     ts = (self,) + tuple(others[0] if len(others) == 1 and isinstance(others[0], (list, tuple)) else others)
     if self.ndim == 0: raise ValueError("cat of 0-d tensors: there is no axis to join along (use stack)")
-    ax = _axis(axis, self.ndim, "cat")
+    ax = axis_of(axis, self.shape, "cat")
     for t in ts[1:]:
       if t.ndim != self.ndim or any(a != b for d, (a, b) in enumerate(zip(t.shape, self.shape)) if d != ax):
         raise ValueError(f"cat along axis {axis}: shapes {', '.join(str(x.shape) for x in ts)} differ off that axis")
     if len(ts) == 1: return self
-    from .promotion import result_dtype
     dt = result_dtype(ts)
     total, start, out = sum(t.shape[ax] for t in ts), 0, None
     for t in ts:
@@ -217,19 +198,14 @@ class MovementMixin:
     for t in ts[1:]:
       if t.shape != self.shape: raise ValueError(f"stack: shapes {', '.join(str(x.shape) for x in ts)} differ")
     if not -self.ndim - 1 <= axis <= self.ndim:
-      raise _axis_error(f"stack: axis {axis} is out of range for tensors of shape {self.shape}")
+      raise AxisError(f"stack: axis {axis} is out of range for tensors of shape {self.shape}")
     return ts[0].unsqueeze(axis).cat(*(t.unsqueeze(axis) for t in ts[1:]), axis=axis)
 
   def repeat(self, *repeats):
     """The tensor tiled `repeats[d]` times along each dimension d (torch's repeat, numpy's tile)."""
-    repeats = _ints(repeats, "repeat")
+    repeats = ints(repeats, "repeat")
     if len(repeats) < self.ndim: raise ValueError(f"repeat{repeats} of shape {self.shape}: give one count per dimension")
     x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
     inter = tuple(v for s in x.shape for v in (1, s))
     big = x.reshape(inter).expand(tuple(v for r, s in zip(repeats, x.shape) for v in (r, s)))
     return big.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
-
-
-def _axis_error(msg: str):
-  from .reduce import AxisError
-  return AxisError(msg)

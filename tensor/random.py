@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from rewrite import UOp, Ops, dtypes
 from .promotion import to_dtype
+from .args import shape_arg, device_name
 
 _MASK32 = 0xFFFFFFFF
 _state = {"seed": 0, "draws": 0}  # seed=None draws use the global seed and a counter, so each draw differs
@@ -60,7 +61,6 @@ class RandomMixin:
   def rand(cls, *shape, seed=None, dtype=None, device=None):
     """Uniform samples in [0, 1). The same seed gives the same values; seed=None takes the next draw of the global
     stream (see manual_seed)."""
-    from .tensor import shape_arg, device_name
     shape, device = shape_arg(shape, "rand"), device_name(device)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if not dt.is_float: raise TypeError(f"rand: dtype {dt.name} is not a float dtype")
@@ -70,7 +70,6 @@ class RandomMixin:
   @classmethod
   def randn(cls, *shape, seed=None, dtype=None, device=None):
     """Standard normal samples, by Box-Muller: sqrt(-2 ln u1) cos(2 pi u2) of two independent uniforms."""
-    from .tensor import shape_arg, device_name
     shape, device = shape_arg(shape, "randn"), device_name(device)
     dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
     if not dt.is_float: raise TypeError(f"randn: dtype {dt.name} is not a float dtype")

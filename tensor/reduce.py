@@ -7,26 +7,7 @@ from __future__ import annotations
 import math
 from rewrite import UOp, Ops, dtypes
 from .promotion import to_dtype
-
-
-class AxisError(ValueError, IndexError):
-  """An axis outside -ndim..ndim-1, or given twice (both a ValueError and an IndexError, like numpy's AxisError)."""
-
-
-def normalize_axes(axis, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
-  """Axes as sorted non-negative ints: None means all; ints may be negative."""
-  ndim = len(shape)
-  if axis is None: return tuple(range(ndim))
-  axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
-  out = []
-  for a in axes:
-    if isinstance(a, bool) or not isinstance(a, int) and not hasattr(a, "__index__"):
-      raise TypeError(f"{what}: axis {a!r} is not an int")
-    a = int(a)
-    if not -ndim <= a < ndim: raise AxisError(f"{what}: axis {a} is out of range for a tensor of shape {shape} ({ndim} dims)")
-    out.append(a % ndim)
-  if len(set(out)) != len(out): raise AxisError(f"{what}: axis {axis} repeats an axis")
-  return tuple(sorted(out))
+from .args import normalize_axes, axis_of
 
 
 def _order_flip(x):
@@ -91,8 +72,7 @@ class ReduceMixin:
     if axis is None:
       flat = self.flatten().argmax(0)
       return flat.reshape((1,) * self.ndim) if keepdim else flat
-    if isinstance(axis, (tuple, list)): raise TypeError(f"argmax: axis must be an int or None, not {axis!r}")
-    (ax,) = normalize_axes(axis, self.shape, "argmax")
+    ax = axis_of(axis, self.shape, "argmax")
     n = self.shape[ax]
     is_max = self == self.max(ax, keepdim=True)
     # count down from n, so the largest marked score is the first index holding the maximum

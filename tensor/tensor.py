@@ -14,27 +14,13 @@ import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
 from rules.view import View
-from .promotion import to_dtype, is_scalar, py_scalar, check_fits, USER_DTYPES
+from .promotion import to_dtype, is_scalar, py_scalar, check_fits
+from .args import shape_arg, device_name
 from .elementwise import ElementwiseMixin
 from .reduce import ReduceMixin
 from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
-
-
-def device_name(device) -> str:
-  """The canonical name of a user's device argument; None means the one the DEVICE environment variable names."""
-  from runtime.device import Device, get_device
-  return Device.default().name if device is None else get_device(device).name
-
-
-def shape_arg(shape: tuple, what: str) -> tuple[int, ...]:
-  """Shape arguments come as ints (`zeros(2, 3)`) or one tuple (`zeros((2, 3))`)."""
-  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
-  if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in shape):
-    raise TypeError(f"{what}: shape {shape} must be ints")
-  if any(s < 0 for s in shape): raise ValueError(f"{what}: shape {tuple(shape)} has a negative dimension")
-  return tuple(int(s) for s in shape)
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -228,7 +214,6 @@ def _as_array(data, dt: DType | None) -> np.ndarray:
     if dt.is_int and arr.dtype.kind == 'f' and not np.isfinite(arr).all():
       raise ValueError(f"Tensor data holds NaN or inf, which {dt.name} cannot represent")
     arr = arr.astype(dt.np)
-  assert dt in USER_DTYPES
   return arr
 
 
