@@ -1,0 +1,56 @@
+"""Realizing from the user's side: debug output, the on-disk compile cache across processes, compiler errors."""
+import os, subprocess, sys, textwrap
+import numpy as np
+import pytest
+
+PROGRAM = textwrap.dedent("""
+  import numpy as np
+  from tensor import Tensor
+  from runtime import cache
+  x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+  out = ((x * 2 + 1).relu().sum(axis=1)).numpy()
+  assert np.allclose(out, (np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1).sum(axis=1)), out
+  print("builds", cache.stats["build"], "disk hits", cache.stats["disk"])
+""")
+
+
+def run(env_extra: dict, program: str = PROGRAM) -> subprocess.CompletedProcess:
+  env = {**os.environ, **env_extra}
+  return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_second_process_hits_the_disk_cache(tmp_path):
+  first = run({"GRAFT_CACHE_DIR": str(tmp_path)})
+  assert first.returncode == 0, first.stderr
+  assert "builds 1 disk hits 0" in first.stdout
+  second = run({"GRAFT_CACHE_DIR": str(tmp_path)})
+  assert second.returncode == 0, second.stderr
+  assert "builds 0 disk hits 1" in second.stdout
+
+
+def test_a_corrupted_cache_entry_is_rebuilt(tmp_path):
+  assert run({"GRAFT_CACHE_DIR": str(tmp_path)}).returncode == 0
+  for lib in tmp_path.glob("*.so"): lib.write_bytes(lib.read_bytes()[:100])  # truncated, as a crash mid-write would leave it
+  again = run({"GRAFT_CACHE_DIR": str(tmp_path)})
+  assert again.returncode == 0, again.stderr
+  assert "builds 1" in again.stdout
+
+
+def test_debug_levels_print_realizes_kernels_and_source(tmp_path):
+  one = run({"DEBUG": "1", "GRAFT_CACHE_DIR": str(tmp_path)}).stdout
+  assert "realize: 1 kernels" in one
+  two = run({"DEBUG": "2", "GRAFT_CACHE_DIR": str(tmp_path)}).stdout
+  assert "ms" in two and ("GB/s" in two or "GFLOP/s" in two)
+  three = run({"DEBUG": "3", "GRAFT_CACHE_DIR": str(tmp_path)}).stdout
+  assert "void r_3_" in three and "for (int" in three
+
+
+def test_a_missing_compiler_names_itself(tmp_path):
+  r = run({"CC": "/nonexistent/cc", "GRAFT_CACHE_DIR": str(tmp_path)})
+  assert r.returncode != 0
+  assert "/nonexistent/cc" in r.stderr and "CompileError" in r.stderr
+
+
+def test_unknown_device_is_refused():
+  r = run({"DEVICE": "TPU"}, "from tensor import Tensor\nTensor([1.0, 2.0]).numpy()")
+  assert r.returncode != 0 and "TPU" in r.stderr and "CPU" in r.stderr

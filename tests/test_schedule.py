@@ -1,0 +1,58 @@
+"""How many kernels a program becomes, and why: the realize stage's decisions, seen from the Tensor API."""
+import numpy as np
+import pytest
+from rewrite import Ops
+from tensor import Tensor
+from runtime.realize import build_schedule
+
+
+def kernels_of(*tensors: Tensor) -> int:
+  sched = build_schedule([(t.uop, t.device) for t in tensors])
+  return sum(step.kernel is not None for step in sched.steps)
+
+
+rng = np.random.default_rng(0)
+x = Tensor(rng.standard_normal((32, 48)).astype(np.float32))
+y = Tensor(rng.standard_normal((32, 48)).astype(np.float32))
+w = Tensor(rng.standard_normal((48, 16)).astype(np.float32))
+
+
+def test_fused_elementwise_is_one_kernel(): assert kernels_of(((x * y + 1).exp() - x).relu()) == 1
+def test_row_sum_is_one_kernel(): assert kernels_of(x.sum(axis=1)) == 1
+def test_reduction_fuses_with_elementwise_before_and_after(): assert kernels_of((x * y).sum(axis=1).sqrt() * 2) == 1
+def test_matmul_is_one_kernel(): assert kernels_of(x @ w) == 1
+def test_softmax_is_at_most_three_kernels(): assert kernels_of(x.softmax(axis=-1)) <= 3
+def test_layernorm_is_at_most_three_kernels(): assert kernels_of(x.layernorm()) <= 3
+
+
+def test_conv2d_is_one_kernel():
+  img = Tensor(rng.standard_normal((2, 3, 10, 10)).astype(np.float32))
+  k = Tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+  assert kernels_of(img.conv2d(k, padding=1)) == 1
+
+
+def test_constants_are_never_buffers():
+  sched = build_schedule([((x + Tensor.full((32, 48), 2.0)).uop, "CPU")])
+  assert len(sched.steps) == 1 and len(sched.steps[0].buffers) == 2  # the output and x; no buffer for the constant
+
+
+def test_contiguous_forces_a_buffer():
+  assert kernels_of((x + 1).contiguous() * 2) == 2
+
+
+def test_two_outputs_of_one_shape_share_a_kernel_and_are_right():
+  from runtime.realize import realize
+  a, b = realize([((x + y).uop, "CPU"), ((x * y).uop, "CPU")])
+  assert kernels_of(Tensor(a.src[0].arg.numpy()) + 0) == 1
+  sched = build_schedule([((x + y).uop, "CPU"), ((x * y).uop, "CPU")])
+  assert sum(s.kernel is not None for s in sched.steps) == 1
+  np.testing.assert_allclose(a.src[0].arg.numpy().reshape(32, 48), x.numpy() + y.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(b.src[0].arg.numpy().reshape(32, 48), x.numpy() * y.numpy(), rtol=1e-6)
+
+
+def test_a_kernel_that_reads_another_is_not_merged_into_it():
+  first = (x + 1).contiguous()
+  second = first * 2                           # same shape as first, and reads it: merging them would be a cycle
+  sched = build_schedule([(first.uop, "CPU"), (second.uop, "CPU")])
+  assert sum(s.kernel is not None for s in sched.steps) == 2
+  assert any("would make a cycle" in e for e in sched.explanations)
