@@ -62,6 +62,7 @@ def _isnan(x): return _alu(Ops.CMPNE, x, x)
 
 
 class ElementwiseMixin:
+  __slots__ = ()  # the Tensor's own slots stay its only fields
   # ---- arithmetic ----
   def add(self, x, reverse=False):
     a, b = operands(*((x, self) if reverse else (self, x)))

@@ -23,6 +23,7 @@ def strided(v: View, steps: tuple[int, ...]) -> View:
 
 
 class MovementMixin:
+  __slots__ = ()  # the Tensor's own slots stay its only fields
   def _view(self, move):
     """Apply `move` (a View -> View movement) to this tensor: onto its own VIEW when it is one and the result is a
     single View (move gives None where it cannot, as View.reshape does), else as a new VIEW on top, over the

@@ -27,6 +27,7 @@ def _mul_sum(a, b, axis, dtype=None):
 
 
 class NNMixin:
+  __slots__ = ()  # the Tensor's own slots stay its only fields
   def matmul(self, w, dtype=None):
     """numpy's matmul: (..., n, k) @ (..., k, m) -> (..., n, m) with batch dims broadcast; a 1-d left operand is a
     row (k,), a 1-d right one a column, and their added dim is removed again. float16 accumulates in float32 and

@@ -45,6 +45,7 @@ def _keys(seed, n: int) -> list[int]:
 
 
 class RandomMixin:
+  __slots__ = ()  # the Tensor's own slots stay its only fields
   @classmethod
   def _bits(cls, shape: tuple[int, ...], key: int, device):
     n = math.prod(shape)

@@ -17,6 +17,7 @@ def _order_flip(x):
 
 
 class ReduceMixin:
+  __slots__ = ()  # the Tensor's own slots stay its only fields
   def _reduce(self, op: Ops, axis, keepdim: bool, what: str):
     axes = normalize_axes(axis, self.shape, what)
     if not axes: return self

@@ -176,3 +176,12 @@ def test_copy_between_devices():
   assert back.device == "CPU"
   assert_array_equal(back.numpy(), x * 2 + 1)
   with pytest.raises(ValueError, match="devices"): on_cpu + on_gpu
+
+
+def test_tensor_shapes_agree_with_the_graph():
+  from rules.shapes import shape_of
+  x = Tensor(np.ones((2, 3, 4), np.float32))
+  for t in (x, x.sum(1), x.max((0, 2), keepdim=True), x.permute(2, 0, 1).reshape(4, 6), x[1, ::-2], x.pad(((1, 0), None, None), 2.0),
+            x @ x.transpose(-1, -2), x.cat(x, axis=2), Tensor.arange(5), Tensor.rand(3, 2, seed=0), Tensor(1.0), x.to("CPU"),
+            Tensor.ones(1, 2, 5, 5).conv2d(Tensor.ones(3, 2, 3, 3), padding=1), x.contiguous(), x.argmax(1)):
+    assert shape_of(t.uop) == t.shape
