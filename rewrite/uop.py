@@ -205,10 +205,11 @@ def _bounds(u: UOp) -> tuple:
   if isinstance(dt, PtrDType) or dt.kind == 'v': return (None, None)
   b = [x._bounds_of() for x in s]
   if any(lo is None for lo, _ in b): return (dtypes.min(dt), dtypes.max(dt))
-  if op is Ops.ADD: return (b[0][0] + b[1][0], b[0][1] + b[1][1])
+  if op is Ops.ADD: return _fit(dt, b[0][0] + b[1][0], b[0][1] + b[1][1])
   if op is Ops.MUL:
-    prods = [x * y for x in b[0] for y in b[1] if not (math.isinf(x) or math.isinf(y)) or (x != 0 and y != 0)]
-    return (min(prods), max(prods)) if len(prods) == 4 else (dtypes.min(dt), dtypes.max(dt))
+    if any(isinstance(v, float) and (math.isinf(v) or math.isnan(v)) for v in b[0] + b[1]): return (dtypes.min(dt), dtypes.max(dt))
+    prods = [x * y for x in b[0] for y in b[1]]
+    return _fit(dt, min(prods), max(prods))
   if op is Ops.NEG: return (-b[0][1], -b[0][0])
   if op is Ops.MAX: return (max(b[0][0], b[1][0]), max(b[0][1], b[1][1]))
   if op is Ops.WHERE:
@@ -239,6 +240,12 @@ def _bounds(u: UOp) -> tuple:
     if op in (Ops.AND,) and b[0][0] >= 0 and b[1][0] >= 0: return (0, min(b[0][1], b[1][1]))
     return (lo_t, hi_t)
   return (dtypes.min(dt), dtypes.max(dt))
+
+
+def _fit(dt: DType, lo, hi) -> tuple:
+  """Bounds of an integer result that may wrap around: the whole range of the dtype once it leaves that range."""
+  if dt.is_int and (lo < dtypes.min(dt) or hi > dtypes.max(dt)): return (dtypes.min(dt), dtypes.max(dt))
+  return (lo, hi)
 
 
 def _trunc_div(a: int, c: int) -> int: return -((-a) // c) if a < 0 else a // c
