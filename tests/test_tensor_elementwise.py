@@ -210,3 +210,13 @@ def test_bad_operands_raise():
   with pytest.raises(ValueError, match="lo or hi"): Tensor.ones(2).clip()
   with pytest.raises(ValueError, match="negative integer powers"): Tensor([2, 3]) ** -1
   assert (Tensor.ones(2) == None) is False  # noqa: E711 -- not an operand: plain inequality, no graph
+
+
+def test_0d_tensors_and_size_1_dims():
+  s, r = np.float32(-1.25), rng.standard_normal((1, 3, 1)).astype(np.float32)
+  ts, tr = Tensor(np.array(s)), Tensor(r)
+  realize_and_check([
+    (ts * 2 - 1, s * 2 - 1), (ts.abs().sqrt(), np.sqrt(np.abs(s))), (ts < 0, s < 0), ((ts > 0).where(1.0, ts), np.where(s > 0, 1, s)),
+    (ts.maximum(tr), np.maximum(s, r)), (tr + tr.reshape(3, 1, 1), r + r.reshape(3, 1, 1)), (tr.sigmoid() * ts, s / (1 + np.exp(-r))),
+    (Tensor(2) ** Tensor(3), 8), (Tensor(7) // Tensor(-2), 7 // -2),
+  ])
