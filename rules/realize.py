@@ -139,23 +139,30 @@ class GroupDecisions:
 
 
 def group_outputs(schedule: UOp, ctx: GroupDecisions) -> UOp | None:
-  """Merge two kernels with one output shape and device unless one needs the other's result (a cycle)."""
+  """Merge two kernels with one output shape and device, where the order of the schedule allows it.
+
+  Kernel j joins kernel i (i < j) at i's place if j reads nothing written by kernels i..j-1, or at j's place if no
+  kernel between them reads what i writes. If j needs i's result, merging would make a cycle: refused, with why."""
   kernels = list(schedule.src)
   for i, j in itertools.combinations(range(len(kernels)), 2):
     a, b = kernels[i], kernels[j]
     if a.op is not Ops.KERNEL or b.op is not Ops.KERNEL or a.arg != b.arg: continue
     if kernel_output_shape(a) != kernel_output_shape(b): continue
-    # b may join a only if nothing b needs is produced by a, or by a kernel that itself needs a
-    needs_a = set(buffers_written(a))
-    for k in kernels[i + 1:j]:
+    between = kernels[i + 1:j]
+    needs_a = set(buffers_written(a))  # what a writes, and what kernels that read it write, transitively
+    for k in between:
       if buffers_read(k) & needs_a: needs_a |= buffers_written(k)
     if buffers_read(b) & needs_a:
       reason = f"kernel {j} was not fused into kernel {i}: it reads what kernel {i} writes (fusing would make a cycle)"
       if reason not in ctx.refused: ctx.refused.append(reason)
       continue
-    ctx.merged.append(f"kernels {i} and {j} store to one shape {kernel_output_shape(a)}: fused into one kernel")
     merged = UOp(Ops.KERNEL, a.dtype, a.src + b.src, a.arg)
-    return schedule.replace(src=tuple(kernels[:i]) + (merged,) + tuple(kernels[i + 1:j]) + tuple(kernels[j + 1:]))
+    written_between = set().union(*(buffers_written(k) for k in between)) if between else set()
+    if not buffers_read(b) & written_between: order = kernels[:i] + [merged] + between + kernels[j + 1:]
+    elif not any(buffers_read(k) & buffers_written(a) for k in between): order = kernels[:i] + between + [merged] + kernels[j + 1:]
+    else: continue
+    ctx.merged.append(f"kernels {i} and {j} store to one shape {kernel_output_shape(a)}: fused into one kernel")
+    return schedule.replace(src=tuple(order))
   return None
 
 
