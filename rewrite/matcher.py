@@ -21,6 +21,7 @@ class Rule:
   location: str                    # file:line of the rule's function (or of the rule list)
   params: tuple[str, ...]          # captured names passed positionally, in the function's order
   wants_ctx: bool
+  kwparams: tuple[str, ...] = ()   # captured names passed by keyword (keyword-only parameters, **kwargs)
   fn_time: float = 0.0             # seconds spent in fn, accumulated by the timed matchers only
 
   def timed_fn(self) -> Callable:
@@ -49,22 +50,26 @@ def _make_rule(pat: UPat, fn: Callable, where: str) -> Rule:
   try: sig = inspect.signature(fn)
   except (TypeError, ValueError): sig = None
   params: list[str] = []
+  kwparams: list[str] = []
   wants_ctx = False
   var_kw = False
   alternatives = pat.expand_alternatives()
   for alt in alternatives: _check_repeated_names(alt, loc)
   if sig is not None:
+    gap = False  # once a parameter is not passed positionally (ctx, or a skipped default), the rest go by keyword
     for p in sig.parameters.values():
       if p.kind is p.VAR_KEYWORD: var_kw = True; continue
-      if p.kind is p.VAR_POSITIONAL: continue
-      if p.name == "ctx": wants_ctx = True; continue
+      if p.kind is p.VAR_POSITIONAL: gap = True; continue
+      if p.name == "ctx": wants_ctx = gap = True; continue
       for alt in alternatives:
         if p.name not in alt.names() and p.default is p.empty:
           raise ValueError(f"{loc}: rule {name} takes parameter {p.name!r}, which its pattern {alt!r} does not bind "
                            f"(it binds {sorted(alt.names()) or 'nothing'})")
-      if all(p.name in alt.names() for alt in alternatives): params.append(p.name)
-  if var_kw: params += sorted(set.intersection(*(a.names() for a in alternatives)) - set(params))
-  return Rule(pat, fn, name, loc, tuple(params), wants_ctx)
+      if not all(p.name in alt.names() for alt in alternatives): gap = True; continue
+      if gap or p.kind is p.KEYWORD_ONLY: kwparams.append(p.name)
+      else: params.append(p.name)
+  if var_kw: kwparams += sorted(set.intersection(*(a.names() for a in alternatives)) - set(params) - set(kwparams))
+  return Rule(pat, fn, name, loc, tuple(params), wants_ctx, kwparams=tuple(kwparams))
 
 
 def _check_repeated_names(pat: UPat, loc: str):
@@ -203,7 +208,7 @@ class PatternMatcher:
         cg.emit(1, f"for _ in _ONCE:  # {rule.name}  ({rule.location})")
         bound: dict[str, str] = {}
         depth = cg.pattern(alt, "u", 2, "break", bound, skip_op=True, each=set())
-        args = [bound[p] for p in rule.params] + (["ctx=ctx"] if rule.wants_ctx else [])
+        args = [bound[p] for p in rule.params] + [f"{k}={bound[k]}" for k in rule.kwparams] + (["ctx=ctx"] if rule.wants_ctx else [])
         cg.emit(depth, f"r = {fn_name}({', '.join(args)})")
         cg.emit(depth, "if r is not None: return r")
         lines += cg.lines

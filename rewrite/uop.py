@@ -50,7 +50,18 @@ class UOp(_UOpFields):
       key = _UOpFields._key.__get__(self)
       if (ref := _cache.get(key)) is not None and ref() in (self, None): del _cache[key]
     except Exception: pass  # interpreter shutdown, or a node that never finished construction
-  def __reduce__(self): return UOp, (self.op, self.dtype, self.src, self.arg)
+  def __reduce__(self):
+    # The pickler recurses once per nesting level, so a deep graph pickles as a flat list of its deep nodes, sources
+    # given as indices into that list; shallow subgraphs (and shallow graphs) pickle as nested UOp(...) calls.
+    order, height = _walk_heights(self)
+    if height[self] <= _SHALLOW: return UOp, (self.op, self.dtype, self.src, self.arg)
+    index: dict[UOp, int] = {}
+    flat = []
+    for n in order:
+      if height[n] <= _SHALLOW: continue
+      index[n] = len(flat)
+      flat.append((n.op, n.dtype, tuple(index.get(s, s) for s in n.src), n.arg))
+    return _from_flat, (flat,)
   def __copy__(self): return self
   def __deepcopy__(self, memo): return self
   def __bool__(self): raise TypeError("a UOp has no truth value; compare with `is`, or use .where() to select")
@@ -160,6 +171,34 @@ def _short(u: UOp) -> str:
   return f"UOp({u.op}, {u.dtype}{arg}, src=<{len(u.src)}>)"
 
 
+MAX_INDENT = 40
+_SHALLOW = 24  # height up to which a graph pickles as nested calls
+
+
+def _walk_heights(root: UOp) -> tuple[list[UOp], dict[UOp, int]]:
+  """Nodes under root, sources first, and each one's height (capped just above _SHALLOW); caches nothing."""
+  height: dict[UOp, int] = {}
+  order: list[UOp] = []
+  stack = [(root, False)]
+  while stack:
+    node, expanded = stack.pop()
+    if node in height: continue
+    if expanded:
+      height[node] = min(_SHALLOW + 1, 1 + max([height[s] for s in node.src], default=-1))
+      order.append(node)
+      continue
+    stack.append((node, True))
+    stack.extend((s, False) for s in node.src if s not in height)
+  return order, height
+
+
+def _from_flat(flat: list) -> UOp:
+  """Rebuild (and re-intern) a graph pickled by UOp.__reduce__ as a flat list; the last entry is the root."""
+  built: list[UOp] = []
+  for op, dtype, src, arg in flat: built.append(UOp(op, dtype, tuple(built[s] if s.__class__ is int else s for s in src), arg))
+  return built[-1]
+
+
 def pretty(root: UOp) -> str:
   """Multi-line form of a graph; a node used more than once is labelled `%n` where first printed, then named by its label."""
   users: dict[UOp, int] = {}
@@ -170,7 +209,9 @@ def pretty(root: UOp) -> str:
   stack: list[tuple[UOp | None, int]] = [(root, 0)]  # (None, depth) closes the source list opened at that depth
   while stack:
     node, depth = stack.pop()
-    pad = "  " * depth
+    # indentation stops growing at MAX_INDENT levels (a deep chain would otherwise print quadratically many spaces);
+    # deeper lines say their depth instead
+    pad = "  " * depth if depth <= MAX_INDENT else "  " * MAX_INDENT + f"[{depth}] "
     if node is None: lines[-1] = lines[-1].rstrip(",") + ")),"; continue
     if node in labels: lines.append(f"{pad}{labels[node]},"); continue
     label = ""

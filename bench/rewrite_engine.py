@@ -1,0 +1,294 @@
+"""Speed of the rewrite engine: dispatch, rewriting, and building UOps; side by side with tinygrad where importable.
+
+  python bench/rewrite_engine.py            # full run (about a minute with tinygrad)
+  python bench/rewrite_engine.py --quick    # smoke run of a few seconds, smaller sizes
+
+Rows:
+  (a) dispatch: a 100,000-node integer graph and a matcher of 50 rules of which a handful can match; the matcher
+      is called on every node (raw), then the whole graph goes through graph_rewrite.
+  (b) rewrite: constant folding and algebraic simplification of 10,000 random integer expressions of depth 8,
+      one graph_rewrite per expression, with the small rule set defined below.
+  (c) build: 1,000,000 new UOps (half constants, half additions of two of them).
+
+Both engines get the same graphs (each built with that engine's own UOp from one seeded description) and the same
+rules (written once below against a small adapter that names each engine's UOp, UPat and ops). Every figure is
+the median of several repeats; the ratio is Graft's rate over tinygrad's.
+"""
+from __future__ import annotations
+import argparse, gc, os, random, statistics, sys, time
+from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# ops the bench uses, by Graft's name; tinygrad names C-style division and remainder CDIV and CMOD
+OP_NAMES = ("CONST", "SINK", "ADD", "MUL", "MAX", "IDIV", "MOD", "CMPLT", "CMPNE", "WHERE", "NEG", "AND", "OR", "XOR",
+            "SHL", "SHR", "CAST")
+TINYGRAD_NAMES = {"IDIV": "CDIV", "MOD": "CMOD"}
+
+
+def graft_engine() -> SimpleNamespace:
+  from rewrite import UOp, UPat, PatternMatcher, graph_rewrite, Ops, dtypes
+  return SimpleNamespace(name="graft", UOp=UOp, UPat=UPat, PatternMatcher=PatternMatcher, int=dtypes.int32, void=dtypes.void,
+                         ops=SimpleNamespace(**{n: Ops[n] for n in OP_NAMES}, VAR=Ops.DEFINE_VAR),
+                         graph_rewrite=lambda root, pm: graph_rewrite(root, pm))
+
+
+def tinygrad_engine() -> SimpleNamespace | None:
+  try:
+    import tinygrad
+    from tinygrad.uop.ops import UOp, UPat, PatternMatcher, graph_rewrite, Ops
+    from tinygrad.dtype import dtypes
+  except ImportError: return None
+  var = Ops.DEFINE_VAR if "DEFINE_VAR" in Ops.__members__ else Ops.PARAM  # 0.14 has no DEFINE_VAR; PARAM is a leaf too
+  # tinygrad's default graph_rewrite rewrites sources before their users, as Graft's default does
+  return SimpleNamespace(name=f"tinygrad {getattr(tinygrad, '__version__', '')}".strip(), UOp=UOp, UPat=UPat,
+                         PatternMatcher=PatternMatcher, int=dtypes.int32, void=dtypes.void,
+                         ops=SimpleNamespace(**{n: Ops[TINYGRAD_NAMES.get(n, n)] for n in OP_NAMES}, VAR=var),
+                         graph_rewrite=lambda root, pm: graph_rewrite(root, pm))
+
+
+# ---- rules, written once for either engine ----
+
+def _cdiv(a: int, b: int) -> int: return -(-a // b) if (a < 0) != (b < 0) and a % b else a // b  # C truncation
+def _cmod(a: int, b: int) -> int: return a - b * _cdiv(a, b)
+
+
+def simplify_rules(E) -> list:
+  """Constant folding and algebraic identities over integers: the rule set of row (b); it terminates.
+
+  tinygrad rebuilds each rule function from its code and globals, so the functions close over nothing: new
+  constants come from `.replace` of a captured one, and an engine's op travels as a default argument.
+  """
+  P, O = E.UPat, E.ops
+  def cst(name): return P(O.CONST, name=name)
+  x = P(name="x")
+  folds = [(O.ADD, lambda a, b: a + b), (O.MUL, lambda a, b: a * b), (O.MAX, max),
+           (O.IDIV, lambda a, b: _cdiv(a, b) if b else None), (O.MOD, lambda a, b: _cmod(a, b) if b else None)]
+  rules = []
+  for op, f in folds:
+    def fold(r, a, b, f=f):
+      v = f(a.arg, b.arg)
+      return None if v is None else a.replace(arg=v)
+    rules.append((P(op, src=(cst("a"), cst("b")), name="r"), fold))
+  rules += [
+    (P(O.ADD, src=[x, P(O.CONST, arg=0)]), lambda x: x),
+    (P(O.MUL, src=[x, P(O.CONST, arg=1)]), lambda x: x),
+    (P(O.MUL, src=[x, P(O.CONST, arg=0, name="z")]), lambda x, z: z),
+    (P(O.IDIV, src=(x, P(O.CONST, arg=1))), lambda x: x),
+    (P(O.MOD, src=(x, P(O.CONST, arg=1, name="c"))), lambda x, c: c.replace(arg=0)),
+    (P(O.MAX, src=(x, x)), lambda x: x),
+    (P(O.ADD, src=(x, x), name="r"), lambda r, x, MUL=O.MUL, CONST=O.CONST:
+     r.replace(op=MUL, src=(x, r.replace(op=CONST, src=(), arg=2)))),
+    # re-associate constants so that they meet and fold
+    (P(O.ADD, src=[P(O.ADD, src=[x, cst("c1")]), cst("c2")], name="r"),
+     lambda r, x, c1, c2: r.replace(src=(x, c2.replace(arg=c1.arg + c2.arg)))),
+    (P(O.MUL, src=[P(O.MUL, src=[x, cst("c1")]), cst("c2")], name="r"),
+     lambda r, x, c1, c2: r.replace(src=(x, c2.replace(arg=c1.arg * c2.arg)))),
+    (P(O.IDIV, src=(P(O.IDIV, src=(x, cst("c1"))), cst("c2")), name="r"),
+     lambda r, x, c1, c2: r.replace(src=(x, c2.replace(arg=c1.arg * c2.arg))) if c1.arg > 0 and c2.arg > 0 else None),
+    (P(O.IDIV, src=(P(O.MUL, src=[x, cst("c")]), cst("c2"))),
+     lambda x, c, c2: x if c.arg == c2.arg and c.arg > 0 else None),
+  ]
+  return rules
+
+
+def dispatch_rules(E) -> list:
+  """50 rules over the ops of graph (a); five of them can match, the other 45 fail at various depths."""
+  U, P, O = E.UOp, E.UPat, E.ops
+  x, y = P(name="x"), P(name="y")
+  # every function takes every name its pattern binds (tinygrad passes them all)
+  matching = [
+    (P(O.ADD, src=[x, P(O.CONST, arg=0)]), lambda x: x),
+    (P(O.MUL, src=[x, P(O.CONST, arg=1)]), lambda x: x),
+    (P(O.MUL, src=[x, P(O.CONST, arg=0, name="z")]), lambda x, z: z),
+    (P(O.IDIV, src=(x, P(O.CONST, arg=1))), lambda x: x),
+    (P(O.MAX, src=(x, x)), lambda x: x),
+  ]
+  alu = [O.ADD, O.MUL, O.MAX, O.IDIV, O.MOD]
+  never = []
+  for k in range(45):
+    op, inner, c = alu[k % 5], alu[(k // 5) % 5], 1000 + k
+    shape = k % 3
+    if shape == 0:    # fails on a constant's value
+      pat = P(op, src=[x, P(O.CONST, arg=c)])
+    elif shape == 1:  # fails one level down, after matching an inner op
+      pat = P(op, src=(P(inner, src=(x, P(O.CONST, arg=c))), y))
+    else:             # fails on an op the graph never has under this one
+      pat = P(op, src=[P(O.WHERE, src=(P(name="g"), x, y)), P(name="z")])
+    never.append((pat, lambda **kw: None))
+  # the matching rules sit among the others, as real rule sets interleave them
+  return never[:20] + matching[:3] + never[20:] + matching[3:]
+
+
+# ---- graphs, described once (seeded) and built by each engine ----
+
+def dag_description(n_nodes: int, seed: int = 1) -> list[tuple]:
+  """A DAG of integer ALU nodes over 8 variables and small constants, as (op, src indices, arg) in build order."""
+  rng = random.Random(seed)
+  desc: list[tuple] = [("VAR", (), (f"v{i}", -100, 100)) for i in range(8)]
+  consts = {}
+  for c in range(-2, 8): consts[c] = len(desc); desc.append(("CONST", (), c))
+  seen = set()
+  ops = ["ADD", "ADD", "MUL", "MUL", "MAX", "IDIV", "MOD"]
+  while len(desc) < n_nodes - 1:
+    op, n = rng.choice(ops), len(desc)
+    a = rng.randrange(max(0, n - 64), n)
+    if op in ("IDIV", "MOD"): b = consts[rng.randrange(1, 8)]
+    elif rng.random() < 0.3: b = consts[rng.randrange(-2, 8)]
+    else: b = rng.randrange(0, n)
+    if op == "MAX" and rng.random() < 0.05: b = a
+    if (key := (op, a, b)) in seen: continue
+    seen.add(key); desc.append((op, (a, b), None))
+  used = {s for _, src, _ in desc for s in src}
+  desc.append(("SINK", tuple(i for i in range(len(desc)) if i not in used), None))
+  return desc
+
+
+def expr_description(rng: random.Random, depth: int) -> tuple:
+  """A random integer expression tree of at most `depth` levels, as nested tuples."""
+  if depth == 0 or (depth < 8 and rng.random() < 0.15):
+    return ("VAR", (), (rng.choice("abcd"), -50, 50)) if rng.random() < 0.5 else ("CONST", (), rng.randrange(-3, 6))
+  op = rng.choice(["ADD", "ADD", "MUL", "MUL", "MAX", "IDIV", "MOD"])
+  if op in ("IDIV", "MOD"): return (op, (expr_description(rng, depth - 1), ("CONST", (), rng.randrange(1, 5))), None)
+  return (op, (expr_description(rng, depth - 1), expr_description(rng, depth - 1)), None)
+
+
+def build_dag(E, desc: list[tuple]):
+  U, O, dt = E.UOp, E.ops, E.int
+  nodes = []
+  for op, src, arg in desc: nodes.append(U(getattr(O, op), dt if op != "SINK" else E.void, tuple(nodes[i] for i in src), arg))
+  return nodes[-1]
+
+
+def build_expr(E, d: tuple):
+  U, O, dt = E.UOp, E.ops, E.int
+  out: dict[int, object] = {}
+  stack = [(d, False)]
+  while stack:  # iterative, so that the description's depth is no concern
+    node, ready = stack.pop()
+    if id(node) in out: continue
+    if ready or not node[1]:
+      out[id(node)] = U(getattr(O, node[0]), dt, tuple(out[id(s)] for s in node[1]), node[2]); continue
+    stack.append((node, True))
+    stack.extend((s, False) for s in node[1])
+  return out[id(d)]
+
+
+def shape_of(u) -> tuple:
+  """An engine-neutral form of a graph (op names mapped back to Graft's), to check both engines agree."""
+  back = {v: k for k, v in TINYGRAD_NAMES.items()}
+  memo: dict[int, tuple] = {}
+  for n in u.toposort() if callable(u.toposort) else u.toposort:
+    arg = n.arg if n.op.name not in ("DEFINE_VAR", "PARAM") else n.arg[0]
+    memo[id(n)] = (back.get(n.op.name, n.op.name).replace("PARAM", "VAR").replace("DEFINE_VAR", "VAR"), arg,
+                   tuple(memo[id(s)] for s in n.src))
+  return memo[id(u)]
+
+
+def topo_list(u) -> list: return list(u.toposort() if callable(u.toposort) else u.toposort)
+
+
+# ---- measurement ----
+
+def median_time(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    gc.collect()
+    t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+_COUNTED = [0]
+def _counting(fn):
+  # no closure (tinygrad refuses them): the wrapped function travels as a default argument
+  def counted(__fn=fn, **kw):
+    r = __fn(**kw)
+    if r is not None: _COUNTED[0] += 1
+    return r
+  return counted
+
+
+def run_engine(E, sizes: SimpleNamespace, repeats: int) -> dict:
+  res: dict[str, float] = {}
+  # (a) dispatch
+  root = build_dag(E, dag_description(sizes.dag))
+  nodes = topo_list(root)
+  pm = E.PatternMatcher(dispatch_rules(E))
+  rewrite = pm.rewrite
+  def raw():
+    for n in nodes: rewrite(n)
+  raw()
+  res["raw"] = len(nodes) / median_time(raw, repeats)
+  E.graph_rewrite(root, pm)
+  res["gr"] = len(nodes) / median_time(lambda: E.graph_rewrite(root, pm), repeats)
+  res["dag_nodes"] = len(nodes)
+  del root, nodes
+  # (b) rewrite
+  rng = random.Random(2)
+  exprs = [build_expr(E, expr_description(rng, 8)) for _ in range(sizes.exprs)]
+  spm = E.PatternMatcher(simplify_rules(E))
+  _COUNTED[0] = 0
+  cpm = E.PatternMatcher([(p, _counting(f)) for p, f in simplify_rules(E)])
+  outs = [E.graph_rewrite(e, cpm) for e in exprs]  # one counting pass (untimed) for the number of rewrites
+  res["rewrites"] = _COUNTED[0]
+  res["shapes"] = [shape_of(o) for o in outs[:200]]
+  res["nodes_in"] = sum(len(topo_list(e)) for e in exprs)
+  res["nodes_out"] = sum(len(topo_list(o)) for o in outs)
+  del outs
+  t = median_time(lambda: [E.graph_rewrite(e, spm) for e in exprs], repeats)
+  res["rw/s"], res["expr/s"] = res["rewrites"] / t, len(exprs) / t
+  del exprs
+  # (c) build
+  U, O, dt = E.UOp, E.ops, E.int
+  half = sizes.build // 2
+  def build(base=[0]):
+    base[0] += half  # new constants each repeat, so that every UOp is new
+    keep, prev = [], U(O.CONST, dt, (), -1)
+    for i in range(base[0], base[0] + half):
+      c = U(O.CONST, dt, (), i)
+      keep.append(U(O.ADD, dt, (c, prev)))
+      prev = c
+    return keep
+  res["build"] = 2 * half / median_time(build, repeats)
+  return res
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repeat")
+  ap.add_argument("--repeats", type=int, default=None)
+  ap.add_argument("--no-tinygrad", action="store_true", help="measure Graft alone")
+  args = ap.parse_args(argv)
+  sizes = SimpleNamespace(dag=5_000, exprs=300, build=50_000) if args.quick else \
+    SimpleNamespace(dag=100_000, exprs=10_000, build=1_000_000)
+  repeats = args.repeats or (1 if args.quick else 5)
+  engines = [graft_engine()] + ([] if args.no_tinygrad else [e for e in [tinygrad_engine()] if e is not None])
+  results = [run_engine(E, sizes, repeats) for E in engines]
+
+  from tabulate import tabulate
+  g = results[0]
+  t = results[1] if len(results) > 1 else None
+  rows = [
+    (f"(a) dispatch, matcher on every node ({g['dag_nodes']:,} nodes, 50 rules)", "nodes/s", "raw"),
+    ("(a) dispatch, graph_rewrite of the whole graph", "nodes/s", "gr"),
+    (f"(b) rewrite, {sizes.exprs:,} expressions of depth 8 ({g['rewrites']:,} rewrites)", "rewrites/s", "rw/s"),
+    ("(b) rewrite", "expressions/s", "expr/s"),
+    (f"(c) build {sizes.build:,} UOps", "UOps/s", "build"),
+  ]
+  headers = ["measure", "unit", "graft"] + ([t_name := engines[1].name, "graft / tinygrad"] if t else [])
+  table = []
+  for label, unit, key in rows:
+    row = [label, unit, f"{g[key]:,.0f}"]
+    if t: row += [f"{t[key]:,.0f}", f"{g[key] / t[key]:.2f}x"]
+    table.append(row)
+  print(tabulate(table, headers=headers, tablefmt="github"))
+  notes = [f"medians of {repeats} repeats; (b) {g['nodes_in']:,} nodes in, {g['nodes_out']:,} out"]
+  if t:
+    agree = sum(a == b for a, b in zip(g["shapes"], t["shapes"]))
+    notes.append(f"results of (b) identical in both engines for {agree} of {len(g['shapes'])} expressions checked")
+    if t["rewrites"] != g["rewrites"]: notes.append(f"tinygrad made {t['rewrites']:,} rewrites")
+  print("; ".join(notes))
+
+
+if __name__ == "__main__":
+  main()
