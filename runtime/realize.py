@@ -45,6 +45,7 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
 
 
 _kernels: dict[tuple[UOp, str], CompiledKernel] = {}
+_by_name: dict[tuple[str, str], CompiledKernel] = {}
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
@@ -92,15 +93,22 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
     norm, bufs = normalize(k)
     ck = _kernels.get((norm, k.arg))
     if ck is None:
-      ck = _kernels[(norm, k.arg)] = _compile(norm, bufs, k.arg)
-      pending.setdefault(k.arg, []).append(ck)
+      ck = _compile(norm, bufs, k.arg)
+      # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
+      # to one text: one compiled function serves both
+      if (same := _by_name.get((ck.name, k.arg))) is not None: ck = same
+      else:
+        _by_name[(ck.name, k.arg)] = ck
+        pending.setdefault(k.arg, []).append(ck)
+      _kernels[(norm, k.arg)] = ck
     sched.steps.append(Step(ck, [buffer_of(bufs[i]) for i in ck.args]))
   for device, cks in pending.items():
     dev = get_device(device)
     try:
       programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
     except Exception:
-      for ck in cks: _kernels.pop(next(key for key, v in _kernels.items() if v is ck), None)
+      for key in [key for key, v in _kernels.items() if v in cks]: del _kernels[key]
+      for ck in cks: _by_name.pop((ck.name, ck.device), None)
       raise
     for ck in cks: ck.program = programs[ck.name]
   sched.outputs = [_with_real_buffers(u, buffer_of) for u in realized]
