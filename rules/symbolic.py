@@ -95,8 +95,9 @@ def divide_terms(u: UOp, num: UOp, c: int, want_mod: bool) -> UOp | None:
   return sum_of(num.dtype, whole + [(None, q)])
 
 
-def mod_of_bounded(u: UOp, a: UOp, c: int) -> UOp | None:
-  return a if a.vmin >= 0 and a.vmax < c else None
+def simplify_mod(u: UOp, a: UOp, c: int) -> UOp | None:
+  if c > 0 and a.vmin >= 0 and a.vmax < c: return a
+  return divide_terms(u, a, c, want_mod=True)
 
 
 def combine_terms(u: UOp) -> UOp | None:
@@ -129,6 +130,6 @@ symbolic_rules = PatternMatcher([
   (UPat(Ops.ADD, dtype=ints, name="u"), combine_terms),
   ((xi * c1) * c2, lambda x, c1, c2: x * (c1.arg * c2.arg)),
   (UPat(Ops.IDIV, name="u", src=(xi, c1)), lambda u, x, c1: divide_terms(u, x, c1.arg, want_mod=False)),
-  (UPat(Ops.MOD, name="u", src=(xi, c1)), lambda u, x, c1: mod_of_bounded(u, x, c1.arg) or divide_terms(u, x, c1.arg, want_mod=True)),
+  (UPat(Ops.MOD, name="u", src=(xi, c1)), lambda u, x, c1: simplify_mod(u, x, c1.arg)),
   ((xi // c1) // c2, lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and x.vmin >= 0 else None),
 ], name="symbolic")
