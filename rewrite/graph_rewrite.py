@@ -65,7 +65,10 @@ def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
         if n in done: continue
         src = n.src
         new_src = tuple([done[s] for s in src])
-        nn = n if new_src == src else UOp(n.op, n.dtype, new_src, n.arg)
+        if new_src == src: nn = n
+        else:
+          nn = UOp(n.op, n.dtype, new_src, n.arg)
+          if nn in done: done[n] = done[nn]; continue  # the rebuilt node was met elsewhere: its rewrite is known
         if (fn := get(nn.op)) is None or (r := fn(nn, ctx)) is None or r is nn:
           done[n] = nn
           if nn is not n: done[nn] = nn
@@ -76,7 +79,9 @@ def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
         continue
       # a rule rewrote nn (n, rebuilt) to r: finish r, then n becomes what r became
       rewrites += 1
-      depth = lineage[r] = lineage.get(n, 0) + 1
+      # A chain of rewrites that never ends builds ever new nodes; rewriting to one of the node's own sources makes the
+      # graph smaller, which cannot go on forever (and does legitimately go on for a long chain), so it is not counted.
+      depth = lineage[r] = lineage.get(n, 0) + (r not in nn.src)
       history[n] = (nn, r)
       if depth > MAX_LINEAGE or r in waiting: _loop(matcher, ctx, r, history, dispatch, stage, n)
       waiting.add(n)

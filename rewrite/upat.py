@@ -30,14 +30,14 @@ class UPat:
                src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = _ANY, name: str | None = None,
                allow_any_len: bool = False):
     self.location = None
-    ops = (op,) if isinstance(op, Ops) else op
+    ops = op if op is None or isinstance(op, (tuple, list, set, frozenset)) else (op,)
     if ops is not None:
       ops = tuple(ops)
       bad = [o for o in ops if not isinstance(o, Ops)]
       if bad: raise ValueError(f"{caller_location()}: UPat has unknown op {bad[0]!r}; ops are members of rewrite.Ops")
       ops = frozenset(ops)
     self.op: frozenset[Ops] | None = ops
-    dts = (dtype,) if isinstance(dtype, (DType, PtrDType)) else dtype
+    dts = dtype if dtype is None or isinstance(dtype, (tuple, list, set, frozenset)) else (dtype,)
     if dts is not None:
       dts = tuple(dts)
       bad = [d for d in dts if not isinstance(d, (DType, PtrDType))]
@@ -118,10 +118,9 @@ class UPat:
     if self.op == frozenset({Ops.CONST}) and self.arg is not _ANY and not self.name and not self.src: return repr(self.arg)
     if self.op is None and self.src is None and self.arg is _ANY: return self.name or "_"
     ops = "|".join(sorted(o.name for o in self.op)) if self.op else "_"
-    parts = []
+    s = ops
     if self.src is not None:
       inner = ", ".join(map(repr, self.src))
-      parts.append({"in_order": f"({inner})", "any_order": f"[{inner}]", "each": f"each {inner}"}[self.src_kind])
-    if self.arg is not _ANY: parts.append(f"arg={self.arg!r}")
-    s = f"{ops}{'(' + ', '.join(parts) + ')' if parts else ''}"
+      s += {"in_order": f"({inner}{',' if len(self.src) == 1 else ''})", "any_order": f"[{inner}]", "each": f"(each {inner})"}[self.src_kind]
+    if self.arg is not _ANY: s += f"{{arg={self.arg!r}}}"
     return f"{s}:{self.name}" if self.name else s

@@ -1,0 +1,135 @@
+"""graph_rewrite: a matcher applied everywhere to a fixed point, in a chosen order, once per node, never forever."""
+import pytest
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, graph_rewrite, RewriteLoopError, RuleError
+
+i32 = dtypes.int32
+x, y = UOp.variable("x", 0, 10), UOp.variable("y", 0, 10)
+
+identities = PatternMatcher([
+  (UPat.var("a") + 0, lambda a: a),
+  (UPat.var("a") * 1, lambda a: a),
+  (UPat.var("a") * 0, lambda a: UOp.const(a.dtype, 0)),
+])
+folding = PatternMatcher([
+  (UPat(Ops.ADD, src=(UPat.cvar("a"), UPat.cvar("b"))), lambda a, b: UOp.const(a.dtype, a.arg + b.arg)),
+  (UPat(Ops.MUL, src=(UPat.cvar("a"), UPat.cvar("b"))), lambda a, b: UOp.const(a.dtype, a.arg * b.arg)),
+], name="folding")
+
+
+def test_rewrites_everywhere_to_a_fixed_point():
+  e = (x * 1 + 0) * (y + (x * 0))
+  assert graph_rewrite(e, identities) is x * y
+  # a rewrite can enable another one above it: the result is rewritten again
+  k = lambda v: UOp.const(i32, v)
+  assert graph_rewrite((k(2) + k(3)) * (k(1) + k(1)), folding) is k(10)
+  assert graph_rewrite(x + (k(2) * k(0)), identities + folding) is x
+
+
+def test_a_graph_nothing_matches_comes_back_unchanged():
+  e = (x + y) * y
+  assert graph_rewrite(e, identities) is e
+
+
+# Two rules whose outcome depends on the order: `wrap` sees NEG(EXP2(v)) only if `inner` has not yet turned the
+# EXP2 into a SQRT. (The ops are placeholders; what matters is which rule sees the node first.)
+order_rules = PatternMatcher([
+  (UPat(Ops.NEG, src=(UPat(Ops.EXP2, src=(UPat.var("v"),)),)), lambda v: UOp(Ops.LOG2, v.dtype, (v,))),
+  (UPat(Ops.EXP2, src=(UPat.var("v"),)), lambda v: UOp(Ops.SQRT, v.dtype, (v,))),
+])
+
+
+def test_bottom_up_rewrites_sources_before_their_users():
+  f = UOp.variable("f", 0, 1, dtypes.float32)
+  e = UOp(Ops.NEG, dtypes.float32, (UOp(Ops.EXP2, dtypes.float32, (f,)),))
+  assert graph_rewrite(e, order_rules) is UOp(Ops.NEG, dtypes.float32, (UOp(Ops.SQRT, dtypes.float32, (f,)),))
+
+
+def test_top_down_tries_a_node_before_its_sources():
+  f = UOp.variable("f", 0, 1, dtypes.float32)
+  e = UOp(Ops.NEG, dtypes.float32, (UOp(Ops.EXP2, dtypes.float32, (f,)),))
+  assert graph_rewrite(e, order_rules, top_down=True) is UOp(Ops.LOG2, dtypes.float32, (f,))
+
+
+def test_top_down_descends_into_what_a_node_became():
+  expand = PatternMatcher([(UPat(Ops.MUL, src=(UPat.var("a"), UPat.cvar("c", i32))),
+                            lambda a, c: (a * (c.arg - 1)) + a if c.arg > 1 else None)]) + identities
+  assert graph_rewrite(x * 3, expand, top_down=True) is (x + x) + x
+  assert graph_rewrite((x * 3) + 0, expand, top_down=True) is (x + x) + x
+
+
+def test_each_distinct_node_is_matched_once():
+  calls: dict = {}
+  def count(m):
+    calls[m] = calls.get(m, 0) + 1
+  counting = PatternMatcher([(UPat(Ops.MUL, name="m"), count)])
+  e = x + 1
+  for _ in range(60): e = e * e       # 2**60 paths, 61 distinct nodes
+  graph_rewrite(e, counting)
+  assert len(calls) == 60 and set(calls.values()) == {1}
+
+
+def test_a_rebuilt_node_already_seen_is_not_matched_again():
+  calls = []
+  pm = PatternMatcher([(UPat(Ops.MAX, name="m"), lambda m: calls.append(m))]) + identities
+  both = UOp(Ops.SINK, src=(x.maximum(y), (x + 0).maximum(y)))  # the second becomes the first once x+0 is x
+  assert graph_rewrite(both, pm) is UOp(Ops.SINK, src=(x.maximum(y), x.maximum(y)))
+  assert calls == [x.maximum(y)]
+
+
+def test_deep_chains_rewrite_without_recursion():
+  e = x
+  for _ in range(200_000): e = e + 0
+  assert graph_rewrite(e, identities) is x
+  assert graph_rewrite(e, identities, top_down=True) is x
+  f = x
+  for i in range(200_000): f = f + (i % 3)  # only the +0 links go
+  out = graph_rewrite(f, identities)
+  assert len(out.toposort) < len(f.toposort) and out.vmax == f.vmax
+
+
+def test_ctx_reaches_the_rules():
+  rename = PatternMatcher([(UPat(Ops.DEFINE_VAR, name="v"), lambda ctx, v: ctx.get(v))])
+  assert graph_rewrite(x * y + x, rename, ctx={x: y}) is y * y + y
+
+
+# ---- rule sets that never finish, and rules that fail ----
+
+def swap(a, b): return b + a
+def grow(a, c): return a + (c.arg + 1)
+
+
+def test_a_two_cycle_raises_naming_the_rule_and_the_node():
+  pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("b"))), swap)])
+  with pytest.raises(RewriteLoopError, match=r"does not terminate") as err:
+    graph_rewrite(x + y, pm, name="swapping")
+  msg = str(err.value)
+  assert "swap" in msg and f"test_graph_rewrite.py:{swap.__code__.co_firstlineno}" in msg
+  assert "'swapping'" in msg and "Ops.ADD" in msg
+
+
+def test_an_ever_growing_rewrite_raises_naming_the_rule():
+  pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.cvar("c"))), grow)])
+  with pytest.raises(RewriteLoopError) as err: graph_rewrite(x + 1, pm)
+  assert f"grow ({__file__}:{grow.__code__.co_firstlineno})" in str(err.value) and "DEFINE_VAR" in str(err.value)
+
+
+def test_a_loop_through_two_rules_names_both():
+  def to_mul(a): return a * 2
+  def to_add(a): return a + a
+  pm = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("a"))), to_mul),
+                       (UPat(Ops.MUL, src=(UPat.var("a"), UPat.const(i32, 2))), to_add)])
+  with pytest.raises(RewriteLoopError) as err: graph_rewrite(x + x, pm)
+  assert "to_mul" in str(err.value) and "to_add" in str(err.value)
+
+
+def divide(a, c): return UOp.const(a.dtype, a.arg // c.arg)
+
+
+def test_a_raising_rule_is_reported_with_rule_stage_and_node():
+  pm = PatternMatcher([(UPat(Ops.IDIV, src=(UPat.cvar("a"), UPat.cvar("c"))), divide)], name="fold division")
+  bad = UOp.const(i32, 7) // 0
+  with pytest.raises(RuleError) as err: graph_rewrite(x + bad, pm)
+  msg = str(err.value)
+  assert f"rule divide at {__file__}:{divide.__code__.co_firstlineno} raised ZeroDivisionError" in msg
+  assert "'fold division'" in msg and "Ops.IDIV" in msg
+  assert isinstance(err.value.__cause__, ZeroDivisionError)
