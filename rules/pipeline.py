@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
+import sys
 from .realize import realize_rules, kernelize_rules, group_rules, KernelizeContext, GroupDecisions
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
 from .linearize import opt_rules, linearize_rules, OptContext
+from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Run:
   device_loops: bool = False  # the device maps loops onto its own threads (CUDA grid and blocks)
   kernelize: KernelizeContext | None = None
   group: GroupDecisions | None = None
+  outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
+  fuse: FuseContext | None = None
 
 
 def _kernelize_ctx(run: Run) -> KernelizeContext:
@@ -45,6 +49,20 @@ def _kernelize_ctx(run: Run) -> KernelizeContext:
 def _group_ctx(run: Run) -> GroupDecisions:
   run.group = GroupDecisions()
   return run.group
+
+
+def _fuse_ctx(run: Run) -> FuseContext:
+  run.fuse = FuseContext(set(run.outputs))
+  return run.fuse
+
+
+def _on_device_loops(run: Run) -> bool: return run.device_loops
+
+
+def _caller() -> str:
+  """file:line of the code that called the Pipeline method calling this: where a user placed a rule set."""
+  f = sys._getframe(2)
+  return f"{f.f_code.co_filename}:{f.f_lineno}"
 
 
 @dataclass
@@ -59,6 +77,29 @@ class Pipeline:
       if s.name == name: return i
     raise ValueError(f"no stage named {name!r}; the stages are {', '.join(self.names())}")
 
+  def insert(self, stage: str, rules: PatternMatcher, where: str = "after", name: str | None = None, top_down: bool = False) -> Stage:
+    """Run `rules` as a stage of its own just before or after the stage named `stage`, on what that stage sees.
+    Inserting the same rule set again changes nothing."""
+    if where not in ("before", "after"): raise ValueError(f"where must be 'before' or 'after', not {where!r}")
+    for s in self.stages:
+      if s.rules is rules: return s
+    target = self.stages[self.index(stage)]
+    new = Stage(name or rules.name or f"{where}_{stage}", rules, target.scope, top_down=top_down, origin=_caller(),
+                applies=target.applies)
+    if new.name in self.names(): raise ValueError(f"a stage named {new.name!r} exists already; pass name=")
+    self.stages.insert(self.index(stage) + (where == "after"), new)
+    return new
+
+  def replace(self, stage: str, rules: PatternMatcher) -> Stage:
+    """Run `rules` instead of the rule set of the stage named `stage` (same place, scope and context)."""
+    i = self.index(stage)
+    old = self.stages[i]
+    self.stages[i] = Stage(old.name, rules, old.scope, old.make_ctx, old.top_down, _caller(), old.applies)
+    return self.stages[i]
+
+  def remove(self, stage: str) -> Stage:
+    return self.stages.pop(self.index(stage))
+
   def run(self, root: UOp, scope: str, run: Run) -> UOp:
     """Apply every stage of `scope` in order."""
     for stage in self.stages:
@@ -72,9 +113,12 @@ pipeline = Pipeline([
   Stage("realize", realize_rules, "graph"),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx),
+  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
+  Stage("gpu", gpu_rules, "kernel", applies=_on_device_loops),
+  Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
   Stage("linearize", linearize_rules, "kernel"),
 ])
@@ -84,6 +128,7 @@ def schedule(outputs: list[UOp], devices: list[str], run: Run) -> tuple[list[UOp
   """(kernels in execution order, the outputs as views of their buffers)."""
   sink = UOp(Ops.SINK, src=tuple(outputs), arg=tuple(devices))
   realized = pipeline.run(sink, "graph", run)
+  run.outputs = tuple(u.src[0] for u in realized.src)
   kernels = pipeline.run(UOp(Ops.SINK, src=tuple(run.kernelize.kernels)), "schedule", run).src
   return list(kernels), list(realized.src)
 
@@ -91,3 +136,8 @@ def schedule(outputs: list[UOp], devices: list[str], run: Run) -> tuple[list[UOp
 def lower_kernel(kernel: UOp, run: Run) -> UOp:
   """A KERNEL through the kernel stages: the SINK of its linear instruction list."""
   return pipeline.run(kernel, "kernel", run)
+
+
+# users' rule modules named in GRAFT_RULES go in last, once the pipeline they add to exists
+from .custom import load_from_environment  # noqa: E402
+load_from_environment()

@@ -15,7 +15,7 @@ Stage `group` (rule `group_outputs`) merges kernels of one output shape and devi
 stores, unless one depends on the other (that would be a cycle): every refused merge is recorded with its reason.
 """
 from __future__ import annotations
-import itertools
+import itertools, sys
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite
 from .view import View
@@ -52,20 +52,36 @@ def holds_reduction(u: UOp) -> bool:
 def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(view.shape, view.strides))
 
 
+@dataclass(frozen=True)
+class Realized:
+  """The arg of a CONTIGUOUS the realize stage put in: the device of the buffer (None: its inputs') and why it
+  exists, naming the rule that decided it (shown at DEBUG=2)."""
+  device: str | None
+  why: str
+
+
+def decide(x: UOp, why: str, device: str | None = None) -> UOp:
+  """x into a buffer, for a reason; the calling rule is named in the reason."""
+  frame = sys._getframe(1)
+  while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
+  rule = frame.f_code
+  return UOp(Ops.CONTIGUOUS, x.dtype, (x,), Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+
+
 def _realize_output(sink: UOp) -> UOp | None:
-  srcs = tuple(s if is_buffer_view(s) or s.op is Ops.CONTIGUOUS else UOp(Ops.CONTIGUOUS, s.dtype, (s,), sink.arg[i])
+  srcs = tuple(s if is_buffer_view(s) or s.op is Ops.CONTIGUOUS else decide(s, "an output of this realize", sink.arg[i])
                for i, s in enumerate(sink.src))
   return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
 
 
 def _realize_before_expand(v: UOp, x: UOp) -> UOp | None:
   if x.op is Ops.CONTIGUOUS or not expands(v.arg) or not holds_reduction(x): return None
-  return v.replace(src=(UOp(Ops.CONTIGUOUS, x.dtype, (x,)),))
+  return v.replace(src=(decide(x, "a reduction read through an expand, computed once"),))
 
 
 def _realize_copy_source(c: UOp, x: UOp) -> UOp | None:
   if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
-  return c.replace(src=(UOp(Ops.CONTIGUOUS, x.dtype, (x,), c.arg[0]),))
+  return c.replace(src=(decide(x, "the source of a copy between devices", c.arg[0]),))
 
 
 realize_rules = PatternMatcher([
@@ -86,6 +102,7 @@ realize_rules = PatternMatcher([
 class KernelizeContext:
   default_device: str
   kernels: list[UOp] = field(default_factory=list)
+  explanations: list[str] = field(default_factory=list)
   counter: itertools.count = field(default_factory=itertools.count)
 
   def new_buffer(self, dtype, size: int, device: str) -> UOp:
@@ -100,9 +117,11 @@ def device_of_inputs(x: UOp) -> str | None:
 
 def _kernel_for(ctx: KernelizeContext, c: UOp, x: UOp) -> UOp:
   shape = shape_of(x)
-  device = c.arg or device_of_inputs(x) or ctx.default_device
+  device = (c.arg.device if c.arg else None) or device_of_inputs(x) or ctx.default_device
   out = UOp(Ops.VIEW, x.dtype, (ctx.new_buffer(x.dtype, View.contiguous(shape).size, device),), View.contiguous(shape))
   ctx.kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(out, x)),), arg=device))
+  why = c.arg.why if c.arg else "contiguous() in the program"
+  ctx.explanations.append(f"kernel {len(ctx.kernels) - 1}: buffer of shape {shape} on {device}: {why}")
   return out
 
 

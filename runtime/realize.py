@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from rewrite import UOp, Ops
 from rules.pipeline import schedule, lower_kernel, Run
 from rules.realize import NewBuffer, normalize
+from rules.gpu import launch_dims
 from .buffer import Buffer
 from .device import get_device, canonical_name
 
@@ -31,6 +32,8 @@ class CompiledKernel:
   flops: int
   bytes: int
   program: object = None
+  global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
+  local_size: tuple[int, ...] | None = None
 
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
@@ -58,7 +61,9 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
-  return CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
+  if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  return ck
 
 
 @dataclass
@@ -78,13 +83,14 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
   run = Run(devices[0] if devices else "CPU")
+  run.device_loops = bool(devices) and getattr(get_device(run.device).renderer, "device_loops", False)
   kernels, realized = schedule(uops, devices, run)
   real: dict[UOp, Buffer] = {}
   def buffer_of(b: UOp) -> Buffer:
     if not isinstance(b.arg, NewBuffer): return b.arg
     if b not in real: real[b] = Buffer(b.arg.device, b.arg.size, b.dtype)
     return real[b]
-  sched = Schedule(explanations=list(run.group.refused + run.group.merged) if run.group else [])
+  sched = Schedule(explanations=run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []))
   pending: dict[str, list[CompiledKernel]] = {}
   for k in kernels:
     if k.op is Ops.COPY:
@@ -134,7 +140,8 @@ def run_schedule(sched: Schedule) -> float:
       ck = step.kernel
       dev = get_device(ck.device)
       launch = getattr(ck.program, "launch_dims", None)
-      dt = ck.program(*[b.handle for b in step.buffers], wait=dbg >= 2) or 0.0
+      dt = ck.program(*[b.handle for b in step.buffers], global_size=ck.global_size, local_size=ck.local_size,
+                      wait=dbg >= 2) or 0.0
       if dbg >= 2:
         rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
         print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
