@@ -89,6 +89,8 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.LOAD, name="ld", src=(UPat.var("idx"), UPat.var("valid"))),
    lambda ctx, ld, idx, valid: f"({ctx[valid]}?*{ctx[idx]}:{ctx.lang.literal(ld.dtype, 0)})"),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), lambda ctx, idx, val: f"*{ctx[idx]} = {ctx[val]};"),
+  (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"), UPat.var("gate"))),
+   lambda ctx, idx, val, gate: f"if ({ctx[gate]}) *{ctx[idx]} = {ctx[val]};"),
   (UPat(Ops.RANGE, name="r"), lambda ctx, r: f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"),
   (UPat(Ops.END), lambda: "}"),
   (UPat(Ops.DEFINE_ACC, name="a"), lambda ctx, a: f"{ctx.lang.type(a.dtype)} {ctx.names[a.src[0]]} = {reduce_identity(ctx, a.src[0])};"),

@@ -1,0 +1,87 @@
+"""The CUDA renderer: linear kernels whose loops the `gpu` stage mapped onto blocks and threads -> CUDA C for nvcc.
+
+Rules (`cuda_rules`, before the shared `cstyle_rules`) for what only CUDA says: thread and block indices
+(`SPECIAL` -> threadIdx.x, blockIdx.x), the block-wide combine of a reduction (`BARRIER` -> a call to
+`g_block_reduce` of the prelude: warp shuffles, then one value per warp through shared memory), and math functions
+for half. Everything else (arithmetic, loads, gated stores, loops, accumulators) is C-family text shared with the C
+renderer. Each kernel is `extern "C" __global__ void __launch_bounds__(threads) NAME(...)` (the symbol is its name;
+the CUDA device reads its parameters from that line). Float math stays IEEE (no fast-math), like the C renderer.
+"""
+from __future__ import annotations
+from dataclasses import dataclass, replace
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
+from rules.gpu import launch_dims
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
+
+PRELUDE = r"""
+struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct g_op_max {  /* NaN wins, as in numpy */
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (b > a || b != b) ? b : a; }
+};
+/* Every thread of the block calls this with its value and gets back the values of all threads combined by op.
+   blockDim.x is a multiple of 32 (rules/gpu.py). */
+template <class T, class Op> __device__ __forceinline__ T g_block_reduce(T v, T identity, Op op) {
+  __shared__ T partial[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  /* the previous combine has read partial[] */
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? partial[lane] : identity;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+"""
+
+
+@dataclass
+class CUDALanguage(Language):
+  kernel_prefix: str = 'extern "C" __global__ void'
+  restrict: str = "__restrict__"
+  half: str = "half"
+  infinity: str = "__int_as_float(0x7f800000)"
+  nan: str = "__int_as_float(0x7fffffff)"
+  headers: tuple[str, ...] = ("#include <cuda_fp16.h>", PRELUDE)
+
+  def math(self, fn: str, dt) -> str:
+    # half math goes through float (cuda_fp16.h converts both ways)
+    return fn if dt is dtypes.float64 else f"{fn}f"
+
+
+CUDA = CUDALanguage()
+
+# the type a block combine runs in: the shuffles take 32- and 64-bit values; narrower ones widen and come back
+_COMBINE_TYPE = {dtypes.float16: dtypes.float32, dtypes.bool: dtypes.int32, dtypes.int8: dtypes.int32,
+                 dtypes.uint8: dtypes.int32, dtypes.int16: dtypes.int32, dtypes.uint16: dtypes.int32}
+
+
+def _block_reduce(ctx: RenderContext, b: UOp) -> str:
+  wide = _COMBINE_TYPE.get(b.dtype, b.dtype)
+  op = "g_op_add" if b.arg is Ops.ADD else "g_op_max"
+  ident = reduce_identity(ctx, UOp(Ops.REDUCE, wide, (), b.arg))
+  val = ctx[b.src[0]] if wide is b.dtype else f"(({ctx.lang.type(wide)})({ctx[b.src[0]]}))"
+  call = f"g_block_reduce<{ctx.lang.type(wide)}>({val}, {ident}, {op}())"
+  return call if wide is b.dtype else f"(({ctx.lang.type(b.dtype)})({call}))"
+
+
+cuda_rules = PatternMatcher([
+  (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]]),
+  (UPat(Ops.BARRIER, name="b"), _block_reduce),
+], name="render.cuda")
+
+
+class CUDARenderer:
+  """Renders the kernels of one realize into one CUDA source (one nvcc call)."""
+  language = CUDA
+  device_loops = True  # the gpu stages map loops onto blocks and threads
+
+  def render(self, name: str, linear: UOp) -> str:
+    dims = launch_dims(linear)
+    threads = dims[1][0] if dims else 1
+    lang = replace(CUDA, kernel_prefix=f"{CUDA.kernel_prefix} __launch_bounds__({threads})")
+    return render_kernel(name, linear, cuda_rules + cstyle_rules, lang)
+
+  def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
+
+
+renderer = CUDARenderer()
