@@ -1,10 +1,12 @@
-"""Rewrite statistics: per named graph_rewrite (stage) and, at level 2, per rule.
+"""Rewrite statistics: per named graph_rewrite (stage), per rule (level 2), and per kernel.
 
-Off by default, and then graph_rewrite makes no timing call at all. `REWRITE_STATS=1` prints a table per stage at
-exit, `REWRITE_STATS=2` adds one row per rule. In Python: `with rewrite.stats.collect() as s: ...; print(s.table("stage"))`.
+Off by default, and then graph_rewrite makes no timing call at all. `REWRITE_STATS=1` prints a table per stage and
+one per kernel at exit, `REWRITE_STATS=2` adds one row per rule. `REWRITE_STATS_FILE=path.json` (or `.csv`) writes
+the same data to a file at exit (and turns collection on at level 2 if REWRITE_STATS does not say otherwise).
+In Python: `with rewrite.stats.collect() as s: ...; print(s.table("stage"))`; `s.table("rule")`, `s.table("kernel")`.
 """
 from __future__ import annotations
-import atexit, contextlib, json, os
+import atexit, contextlib, csv, io, json, os
 from dataclasses import dataclass, field, asdict
 
 
@@ -35,6 +37,14 @@ class Collector:
   level: int = 2
   stages: dict[str, StageStats] = field(default_factory=dict)
   rules: dict[tuple[str, str, str], RuleStats] = field(default_factory=dict)
+  kernels: dict[str, dict[str, StageStats]] = field(default_factory=dict)  # kernel name -> its stages
+
+  def add_kernel(self, name: str, stages: dict[str, StageStats]):
+    """Record what compiling one kernel cost, stage by stage (the caller collected it with a nested collect())."""
+    mine = self.kernels.setdefault(name, {})
+    for st in stages.values():
+      k = mine.setdefault(st.name, StageStats(st.name))
+      k.calls += st.calls; k.nodes_in += st.nodes_in; k.nodes_out += st.nodes_out; k.rewrites += st.rewrites; k.time += st.time
 
   def stage(self, name: str) -> StageStats:
     if (s := self.stages.get(name)) is None: s = self.stages[name] = StageStats(name)
@@ -46,7 +56,24 @@ class Collector:
     return r
 
   def as_dict(self) -> dict:
-    return {"stages": [asdict(s) for s in self.stages.values()], "rules": [asdict(r) for r in self.rules.values()]}
+    return {"stages": [asdict(s) for s in self.stages.values()], "rules": [asdict(r) for r in self.rules.values()],
+            "kernels": [{"kernel": k, **asdict(s)} for k, stages in self.kernels.items() for s in stages.values()]}
+
+  def to_csv(self) -> str:
+    """One row per stage, rule and (kernel, stage); the column `kind` says which."""
+    cols = ["kind", "stage", "rule", "location", "kernel", "calls", "nodes_in", "nodes_out", "rewrites", "matches",
+            "attempts", "match_time", "fn_time", "time"]
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=cols, restval="")
+    w.writeheader()
+    for s in self.stages.values(): w.writerow({"kind": "stage", "stage": s.name, **{k: v for k, v in asdict(s).items() if k != "name"}})
+    for r in self.rules.values(): w.writerow({"kind": "rule", "rule": r.name, **{k: v for k, v in asdict(r).items() if k != "name"}})
+    for k, stages in self.kernels.items():
+      for s in stages.values(): w.writerow({"kind": "kernel", "kernel": k, "stage": s.name, **{k2: v for k2, v in asdict(s).items() if k2 != "name"}})
+    return out.getvalue()
+
+  def write(self, path: str):
+    with open(path, "w") as f: f.write(self.to_csv() if path.endswith(".csv") else self.to_json())
 
   def to_json(self) -> str: return json.dumps(self.as_dict(), indent=1)
 
@@ -61,7 +88,12 @@ class Collector:
       rows = [(r.stage, r.name, _short_path(r.location), r.matches, r.attempts, f"{r.match_time * 1e3:.2f}",
                f"{r.fn_time * 1e3:.2f}", f"{100 * (r.match_time + r.fn_time) / total:.1f}%") for r in ordered]
       return tabulate(rows, headers=["stage", "rule", "where", "matches", "attempts", "match ms", "rule ms", "share"], tablefmt="simple")
-    raise ValueError(f"table kind must be 'stage' or 'rule', not {kind!r}")
+    if kind == "kernel":
+      stage_names = list(dict.fromkeys(st for stages in self.kernels.values() for st in stages))
+      rows = [(k, *(f"{stages[st].time * 1e3:.2f}/{stages[st].rewrites}" if st in stages else "" for st in stage_names),
+               f"{sum(s.time for s in stages.values()) * 1e3:.2f}") for k, stages in self.kernels.items()]
+      return tabulate(rows, headers=["kernel", *(f"{st} ms/rw" for st in stage_names), "total ms"], tablefmt="simple")
+    raise ValueError(f"table kind must be 'stage', 'rule' or 'kernel', not {kind!r}")
 
 
 def _short_path(loc: str) -> str:
@@ -79,8 +111,9 @@ def _env_level() -> int:
 # The collectors that are active now; graph_rewrite reads `active` once per call.
 active: list[Collector] = []
 _global: Collector | None = None
-if _env_level() > 0:
-  _global = Collector(level=_env_level())
+_file = os.environ.get("REWRITE_STATS_FILE", "")
+if _env_level() > 0 or _file:
+  _global = Collector(level=_env_level() or 2)
   active.append(_global)
 
 
@@ -98,11 +131,17 @@ def collect(level: int = 2):
 
 def _print_at_exit():
   if _global is None or not _global.stages: return
+  if _file:
+    _global.write(_file)
+    if _env_level() == 0: return
   print("\nrewrite statistics per stage (REWRITE_STATS=1)")
   print(_global.table("stage"))
   if _global.level >= 2 and _global.rules:
     print("\nrewrite statistics per rule (REWRITE_STATS=2)")
     print(_global.table("rule"))
+  if _global.kernels:
+    print("\nrewrite statistics per kernel (ms in each stage / rewrites)")
+    print(_global.table("kernel"))
 
 
 atexit.register(_print_at_exit)

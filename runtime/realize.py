@@ -9,7 +9,7 @@ DEBUG=1 prints one line per realize, DEBUG=2 one line per kernel, DEBUG=3 the ge
 from __future__ import annotations
 import hashlib, os, time
 from dataclasses import dataclass, field
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, stats
 from rules.pipeline import schedule, lower_kernel, Run
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
@@ -54,7 +54,10 @@ _by_name: dict[tuple[str, str], CompiledKernel] = {}
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = get_device(device).renderer
   device_loops = getattr(renderer, "device_loops", False)
-  linear = lower_kernel(norm, Run(device, parallel=not device_loops, device_loops=device_loops))
+  run = Run(device, parallel=not device_loops, device_loops=device_loops)
+  if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
+    with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
+  else: linear = lower_kernel(norm, run)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op is Ops.REDUCE for u in linear.src) else "E"
   body = renderer.render("KERNEL_NAME", linear)
@@ -63,6 +66,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   flops, nbytes = kernel_cost(linear, buffers)
   ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  if stats.active:
+    for c in stats.active: c.add_kernel(name, mine.stages)
   return ck
 
 
