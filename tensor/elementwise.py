@@ -84,25 +84,24 @@ class ElementwiseMixin:
     return _alu(Ops.FDIV, a, b)
 
   def floordiv(self, x, reverse=False):
-    """numpy's floor division: rounds toward -inf; an integer divided by 0 gives 0, as numpy does (no C trap)."""
+    """numpy's floor division: rounds toward -inf; an integer divided by 0 gives 0, as numpy does."""
     a, b = operands(*((x, self) if reverse else (self, x)), dtype=_arith_dtype(self, x))
     if a.dtype.is_float: return (a / b).floor()
     b_raw = py_scalar(x) if is_scalar(x) and not reverse else None
-    if b_raw is not None and b_raw > 0:  # a positive constant divisor needs no zero guard, and only a < 0 rounds
+    if b_raw is not None and b_raw > 0:  # a positive constant divisor needs no guard, and only a < 0 rounds
       q = _alu(Ops.IDIV, a, b)
       return q if a.dtype.is_unsigned else (a < 0).where(_alu(Ops.MOD, a, b).ne(0).where(q - 1, q), q)
-    zero = b == 0
-    safe_b = zero.where(1, b)
+    zero, minus_one, safe_b = _guard_divisor(b)
     q, r = _alu(Ops.IDIV, a, safe_b), _alu(Ops.MOD, a, safe_b)
-    if not a.dtype.is_unsigned: q = (r.ne(0) & ((r < 0).ne(safe_b < 0))).where(q - 1, q)
-    return zero.where(0, q)
+    if a.dtype.is_unsigned: return zero.where(0, q)
+    q = (r.ne(0) & ((r < 0).ne(safe_b < 0))).where(q - 1, q)
+    return zero.where(0, minus_one.where(-a, q))
 
   def mod(self, x, reverse=False):
     """numpy's remainder: it takes the divisor's sign; an integer modulo 0 gives 0, as numpy does."""
     a, b = operands(*((x, self) if reverse else (self, x)), dtype=_arith_dtype(self, x))
     if a.dtype.is_float: return a - (a / b).floor() * b
-    zero = b == 0
-    safe_b = zero.where(1, b)
+    zero, _, safe_b = _guard_divisor(b)  # x % -1 is x % 1: both 0
     r = _alu(Ops.MOD, a, safe_b)
     if not a.dtype.is_unsigned: r = (r.ne(0) & ((r < 0).ne(safe_b < 0))).where(r + safe_b, r)
     return zero.where(0, r)
@@ -253,6 +252,15 @@ def _arith_dtype(a, b) -> DType:
   """Arithmetic that has no bool meaning (//, %, **) computes bools as the default int."""
   dt = result_dtype((a, b))
   return dtypes.default_int if dt.is_bool else dt
+
+
+def _guard_divisor(b):
+  """(b == 0, b == -1, b with both replaced by 1). C's integer division traps (SIGFPE on x86) on a zero divisor and
+  on MIN / -1, where numpy gives 0 and a wrapped -MIN; dividing by 1 instead keeps every kernel safe."""
+  zero = b == 0
+  if b.dtype.is_unsigned: return zero, None, zero.where(1, b)
+  minus_one = b == -1
+  return zero, minus_one, (zero | minus_one).where(1, b)
 
 
 def _upcast_half(fn, *xs):

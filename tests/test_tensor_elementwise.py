@@ -79,6 +79,10 @@ def test_floor_division_and_remainder_match_numpy():
     (t // 3, x // 3), (t % 3, x % 3), (t // -3, x // -3), (t % -3, x % -3), (20 // Tensor([3, -3, 7]), 20 // np.array([3, -3, 7])),
     (Tensor(x.astype(np.uint8)) // 3, x.astype(np.uint8) // 3),
   ])
+  lo = np.array([-2**31, -2**31, 7, -7], np.int32)  # MIN // -1 traps in C; numpy wraps it around
+  with np.errstate(over="ignore"):
+    realize_and_check([(Tensor(lo) // Tensor([-1, 1, -1, -1]), lo // np.array([-1, 1, -1, -1], np.int32)),
+                       (Tensor(lo) % Tensor([-1, 3, -1, 2]), lo % np.array([-1, 3, -1, 2], np.int32)), (Tensor(lo) // -1, lo // -1)])
   xf, yf = x.astype(np.float32) + 0.5, np.array([2, -2, 3, -3, 5, -4, 1, 0.5], np.float32)
   realize_and_check([(Tensor(xf) // Tensor(yf), xf // yf), (Tensor(xf) % Tensor(yf), xf % yf), (Tensor(xf) % 2.5, xf % 2.5)])
 
