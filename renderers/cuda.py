@@ -4,7 +4,7 @@ Rules (`cuda_rules`, before the shared `cstyle_rules`) for what only CUDA says: 
 (`SPECIAL` -> threadIdx.x, blockIdx.x), the block-wide combine of a reduction (`BARRIER` -> a call to
 `g_block_reduce` of the prelude: warp shuffles, then one value per warp through shared memory), and math functions
 for half. Everything else (arithmetic, loads, gated stores, loops, accumulators) is C-family text shared with the C
-renderer. Each kernel is `extern "C" __global__ void __launch_bounds__(threads) NAME(...)` (the symbol is its name;
+renderer. Each kernel is `extern "C" __global__ __launch_bounds__(threads) void NAME(...)` (the symbol is its name;
 the CUDA device reads its parameters from that line). Float math stays IEEE (no fast-math), like the C renderer.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ class CUDARenderer:
   def render(self, name: str, linear: UOp) -> str:
     dims = launch_dims(linear)
     threads = dims[1][0] if dims else 1
-    lang = replace(CUDA, kernel_prefix=f"{CUDA.kernel_prefix} __launch_bounds__({threads})")
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}) void')
     return render_kernel(name, linear, cuda_rules + cstyle_rules, lang)
 
   def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"

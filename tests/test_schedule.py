@@ -32,7 +32,7 @@ def test_conv2d_is_one_kernel():
 
 
 def test_constants_are_never_buffers():
-  sched = build_schedule([((x + Tensor.full((32, 48), 2.0)).uop, "CPU")])
+  sched = build_schedule([((x + Tensor.full((32, 48), 2.0)).uop, x.device)])
   assert len(sched.steps) == 1 and len(sched.steps[0].buffers) == 2  # the output and x; no buffer for the constant
 
 
@@ -42,9 +42,9 @@ def test_contiguous_forces_a_buffer():
 
 def test_two_outputs_of_one_shape_share_a_kernel_and_are_right():
   from runtime.realize import realize
-  a, b = realize([((x + y).uop, "CPU"), ((x * y).uop, "CPU")])
+  a, b = realize([((x + y).uop, x.device), ((x * y).uop, x.device)])
   assert kernels_of(Tensor(a.src[0].arg.numpy()) + 0) == 1
-  sched = build_schedule([((x + y).uop, "CPU"), ((x * y).uop, "CPU")])
+  sched = build_schedule([((x + y).uop, x.device), ((x * y).uop, x.device)])
   assert sum(s.kernel is not None for s in sched.steps) == 1
   np.testing.assert_allclose(a.src[0].arg.numpy().reshape(32, 48), x.numpy() + y.numpy(), rtol=1e-6)
   np.testing.assert_allclose(b.src[0].arg.numpy().reshape(32, 48), x.numpy() * y.numpy(), rtol=1e-6)
@@ -53,6 +53,6 @@ def test_two_outputs_of_one_shape_share_a_kernel_and_are_right():
 def test_a_kernel_that_reads_another_is_not_merged_into_it():
   first = (x + 1).contiguous()
   second = first * 2                           # same shape as first, and reads it: merging them would be a cycle
-  sched = build_schedule([(first.uop, "CPU"), (second.uop, "CPU")])
+  sched = build_schedule([(first.uop, x.device), (second.uop, x.device)])
   assert sum(s.kernel is not None for s in sched.steps) == 2
   assert any("would make a cycle" in e for e in sched.explanations)
