@@ -13,6 +13,7 @@ the REDUCE itself (its result) after the loops.
 from __future__ import annotations
 from dataclasses import dataclass
 from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
+from .symbolic import terms_of
 
 
 def open_ranges(sink: UOp) -> dict[UOp, frozenset[UOp]]:
@@ -27,9 +28,10 @@ def open_ranges(sink: UOp) -> dict[UOp, frozenset[UOp]]:
 
 
 def nesting_key(r: UOp) -> tuple:
-  """Output loops nest in axis order, outside reduction loops, which nest in order of creation."""
+  """Output loops nest in axis order, outside reduction loops, which nest in order of creation. A reduction loop
+  moved among the output loops ("acc", by accumulate_in_memory) has a fractional axis position."""
   kind, n = r.arg[0], r.arg[1]
-  return (0, n) if kind == "out" else (1, n)
+  return (0, n) if kind in ("out", "acc") else (1, n)
 
 
 def loop_work(r: UOp, ranges: dict[UOp, frozenset[UOp]]) -> int:
@@ -38,6 +40,49 @@ def loop_work(r: UOp, ranges: dict[UOp, frozenset[UOp]]) -> int:
   inner = {q for n, rs in ranges.items() if r in rs for q in rs if nesting_key(q) > nesting_key(r)}
   for q in inner: work *= q.src[0].arg
   return work
+
+
+# ---- reductions that read across rows accumulate in the output instead ----
+def _coefficient(index: UOp, r: UOp) -> int:
+  """How far the flat index moves when loop r steps by one (0 if it does not depend on r linearly)."""
+  return sum(k for t, k in terms_of(index) if t is r)
+
+
+def accumulate_in_memory(ctx: OptContext, store: UOp, idx: UOp, value: UOp) -> UOp | None:
+  """out[i, j] = g(sum_k f(i, j, k)) with loops i, j, k becomes loops i, k, j with out[i, j] holding the partial sum,
+  when the innermost output loop j walks memory contiguously and the reduction does not (a matrix product, a
+  convolution): the inner loop then streams rows and vectorizes. The first k reads nothing, the last applies g."""
+  if not ctx.parallel: return None
+  reduces = [n for n in value.toposort if n.op is Ops.REDUCE]
+  if len(reduces) != 1 or idx.dtype.base is not reduces[0].dtype: return None
+  red = reduces[0]
+  if red.arg not in (Ops.ADD, Ops.MAX) or not red.dtype.is_float: return None
+  outs = sorted((n for n in idx.toposort if n.op is Ops.RANGE and n.arg[0] == "out"), key=nesting_key)
+  if not outs or any(n.op is Ops.RANGE and n.arg[0] == "acc" for n in value.toposort): return None
+  j, ks = outs[-1], red.src[1:]
+  loads = [n.src[0].src[1] for n in red.src[0].toposort if n.op is Ops.LOAD]
+  streams_j = any(_coefficient(i, j) == 1 for i in loads)
+  short_or_strided = ks[-1].src[0].arg < 32 or any(_coefficient(i, ks[-1]) not in (0, 1) for i in loads)
+  if not (streams_j and short_or_strided) or any(_coefficient(i, ks[-1]) == 1 and _coefficient(i, j) not in (0, 1) for i in loads): return None
+  pos = j.arg[1]
+  moved = {k: k.replace(arg=("acc", pos - 1 + (m + 1) / (len(ks) + 1), k.arg)) for m, k in enumerate(ks)}
+  # j gets a loop of its own inside the moved ones: another store of this kernel may share the old j
+  moved[j] = j.replace(arg=j.arg + (("inside", ks[-1].arg),))
+  rename = PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: moved.get(r))])
+  val = graph_rewrite(red.src[0], rename, name="opt.move")
+  idx, value = graph_rewrite(idx, rename, name="opt.move"), graph_rewrite(value, rename, name="opt.move")
+  red = next(n for n in value.toposort if n.op is Ops.REDUCE)
+  not_first, not_last = None, None
+  for k in (moved[k] for k in ks):
+    nf, nl = k.ne(0), k.ne(k.src[0].arg - 1)
+    not_first = nf if not_first is None else not_first | nf
+    not_last = nl if not_last is None else not_last | nl
+  identity = UOp.const(red.dtype, 0.0 if red.arg is Ops.ADD else float("-inf"))
+  before = not_first.where(UOp(Ops.LOAD, red.dtype, (idx, not_first)), identity)
+  partial = UOp(red.arg, red.dtype, (before, val))
+  if value is red: return store.replace(src=(idx, partial))
+  final = graph_rewrite(value, PatternMatcher([(UPat(Ops.REDUCE, name="x"), lambda x: partial if x is red else None)]), name="opt.move")
+  return store.replace(src=(idx, not_last.where(partial, final)))
 
 
 @dataclass
@@ -64,7 +109,10 @@ def mark_loops(ctx: OptContext, sink: UOp) -> UOp | None:
   return graph_rewrite(sink, PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: swap.get(r))]), name="opt.mark")
 
 
-opt_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), lambda ctx, sink: None if sink.arg == "linear" else mark_loops(ctx, sink))], name="opt")
+opt_rules = PatternMatcher([
+  (UPat(Ops.STORE, name="store", src=(UPat(Ops.INDEX, name="idx"), UPat.var("value"))), accumulate_in_memory),
+  (UPat(Ops.SINK, name="sink"), lambda ctx, sink: None if sink.arg == "linear" else mark_loops(ctx, sink)),
+], name="opt")
 
 
 def linear_order(sink: UOp) -> UOp | None:
