@@ -19,8 +19,8 @@ calls gcc). tinygrad 0.14 (DEV=NULL, nothing runs): `Tensor.schedule_linear()`, 
 `full_rewrite_to_sink` + linearize + the Clang renderer (its `to_program` without the compile step), with its
 schedule cache off (SCACHE=0). Both compilers render a kernel that occurs several times once, as each does in a real
 run. A third column runs tinygrad with NOOPT=1 (no upcasts or unrolls: nearer to what Graft's opt stage does
-today, and its sources are as short). The model is written once below and built with each framework's own Tensor; parameters are created outside
-the timing. Each (row, compiler) pair runs in a fresh process: `first` is its first schedule + codegen (the rule
+today, and its sources are as short). The model is written once below and built with each framework's own Tensor;
+parameters are created outside the timing. Each (row, compiler) pair runs in a fresh process: `first` is its first schedule + codegen (the rule
 sets' lazy setup included), `median` the median of the repeats that follow, each on a freshly built graph.
 
 sym: both compilers simplify the same expressions (built with Graft's View.to_index_chain, translated op by op for
