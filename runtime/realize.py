@@ -7,10 +7,10 @@ graph rebuilt every call reuses its compiled kernels.
 DEBUG=1 prints one line per realize, DEBUG=2 one line per kernel, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import hashlib, os, time
+import hashlib, os, time, weakref
 from dataclasses import dataclass, field
 from rewrite import UOp, Ops, stats
-from rules.pipeline import schedule, lower_kernel, Run
+from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
 from .buffer import Buffer
@@ -84,22 +84,78 @@ class Schedule:
   explanations: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Plan:
+  """A schedule with its buffers left open: a buffer to create is its BUFFER UOp (arg NewBuffer), an existing one a
+  weak reference (a cached plan must not keep the user's memory alive)."""
+  steps: list[tuple[CompiledKernel | None, list]]
+  outputs: list[tuple]   # (dtype, View, buffer) of each output's VIEW(BUFFER)
+  explanations: list[str]
+
+
+# A warm call rebuilds its graph from the same tensors: the same structure over the same buffers, so its plan is
+# reused and only its new buffers are made (the whole pipeline is skipped). Keyed by structure, with each input
+# buffer by identity; an entry holds its buffers through weak references and is void once one of them is gone.
+_plans: dict[tuple, tuple[list, _Plan]] = {}
+MAX_PLANS = 256
+
+
+def _arg_key(arg):
+  return (float, arg.hex()) if arg.__class__ is float else (bool, arg) if arg.__class__ is bool else arg
+
+
+def graph_key(uops: list[UOp]) -> tuple[tuple, list]:
+  """(the structure of the graphs `uops`, with buffers by identity; the buffers)."""
+  index: dict[UOp, int] = {}
+  parts, buffers = [], []
+  for root in uops:
+    for n in root.toposort:
+      if n in index: continue
+      if n.op is Ops.BUFFER: buffers.append(n.arg); arg = ("buffer", id(n.arg))
+      else: arg = _arg_key(n.arg)
+      index[n] = len(parts)
+      parts.append((n.op, n.dtype, tuple(index[x] for x in n.src), arg))
+  return tuple(parts) + tuple(index[u] for u in uops), buffers
+
+
 def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
+  structure, buffers = graph_key(uops)
+  key = (structure, tuple(devices), tuple(map(id, pipeline.stages)))
+  hit = _plans.get(key)
+  # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
+  if hit is not None and not stats.active and all(r() is not None for r in hit[0]): return _instantiate(hit[1])
+  plan = _plan(uops, devices)
+  if len(_plans) >= MAX_PLANS:
+    for k in [k for k, (refs, _) in _plans.items() if any(r() is None for r in refs)] or list(_plans)[:MAX_PLANS // 2]:
+      del _plans[k]
+  _plans[key] = ([weakref.ref(b) for b in buffers], plan)
+  return _instantiate(plan)
+
+
+def _instantiate(plan: _Plan) -> Schedule:
+  real: dict[UOp, Buffer] = {}
+  def buffer_of(b) -> Buffer:
+    if not isinstance(b, UOp): return b()
+    if b not in real: real[b] = Buffer(b.arg.device, b.arg.size, b.dtype)
+    return real[b]
+  return Schedule([Step(ck, [buffer_of(b) for b in bufs]) for ck, bufs in plan.steps],
+                  [UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buffer_of(b)),), view) for dt, view, b in plan.outputs],
+                  list(plan.explanations))
+
+
+def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
   run = Run(devices[0] if devices else "CPU")
   run.device_loops = bool(devices) and getattr(get_device(run.device).renderer, "device_loops", False)
   kernels, realized = schedule(uops, devices, run)
-  real: dict[UOp, Buffer] = {}
-  def buffer_of(b: UOp) -> Buffer:
-    if not isinstance(b.arg, NewBuffer): return b.arg
-    if b not in real: real[b] = Buffer(b.arg.device, b.arg.size, b.dtype)
-    return real[b]
-  sched = Schedule(explanations=run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []))
+  def ref(b: UOp): return b if isinstance(b.arg, NewBuffer) else weakref.ref(b.arg)
+  plan = _Plan([], [(u.dtype, u.arg, ref(u.src[0])) for u in realized],
+               run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []))
   pending: dict[str, list[CompiledKernel]] = {}
   for k in kernels:
     if k.op is Ops.COPY:
-      sched.steps.append(Step(None, [buffer_of(k.src[0]), buffer_of(k.src[1])]))
+      plan.steps.append((None, [ref(k.src[0]), ref(k.src[1])]))
       continue
     norm, bufs = normalize(k)
     ck = _kernels.get((norm, k.arg))
@@ -112,7 +168,7 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
         _by_name[(ck.name, k.arg)] = ck
         pending.setdefault(k.arg, []).append(ck)
       _kernels[(norm, k.arg)] = ck
-    sched.steps.append(Step(ck, [buffer_of(bufs[i]) for i in ck.args]))
+    plan.steps.append((ck, [ref(bufs[i]) for i in ck.args]))
   for device, cks in pending.items():
     dev = get_device(device)
     try:
@@ -122,13 +178,7 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
       for ck in cks: _by_name.pop((ck.name, ck.device), None)
       raise
     for ck in cks: ck.program = programs[ck.name]
-  sched.outputs = [_with_real_buffers(u, buffer_of) for u in realized]
-  return sched
-
-
-def _with_real_buffers(u: UOp, buffer_of) -> UOp:
-  buf = u.src[0]
-  return u.replace(src=(UOp(Ops.BUFFER, buf.dtype, (), buffer_of(buf)),))
+  return plan
 
 
 def run_schedule(sched: Schedule) -> float:
