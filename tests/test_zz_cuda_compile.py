@@ -1,0 +1,75 @@
+"""Every kernel of the test session, rendered for CUDA through the GPU stages and compiled by nvcc for sm_90 in one call.
+
+The file is named to run last (pytest runs files in name order): it takes every kernel compiled so far in this
+session from runtime.realize's kernel cache (whatever device it was built for), plus the kernels of a set of
+representative Tensor programs of its own, so that it means something when run alone. The programs are scheduled
+with the GPU's schedule stage too (`gpu_fuse`), without a GPU. It needs nvcc, not a GPU: skipped with the reason
+where nvcc is absent (`pytest -rs` shows it).
+"""
+import math
+import numpy as np
+import pytest
+
+from rewrite import Ops
+from rules.gpu import MAX_GRID, MAX_THREADS, launch_dims
+from rules.pipeline import Run, lower_kernel, schedule
+from rules.realize import normalize
+from runtime import cuda
+from runtime.device import CompileError
+
+try: NVCC = cuda.find_nvcc()
+except CompileError: NVCC = None
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (not on PATH, $CUDA_HOME/bin or "
+                                                     "/usr/local/cuda/bin): CUDA kernels not compiled")
+
+ARCH = "sm_90"
+
+
+def programs():
+  """Tensor programs covering the kernel shapes the GPU stages tell apart, on the CPU (no GPU needed to schedule)."""
+  from tensor import Tensor
+  rng = np.random.default_rng(0)
+  def t(*shape, dtype=np.float32): return Tensor(rng.standard_normal(shape).astype(dtype), device="CPU")
+  x, y, odd, big = t(32, 48), t(32, 48), t(7, 37), t(3, 5000)
+  img, w = t(2, 3, 9, 9), t(4, 3, 3, 3)
+  return [
+    [((x * y + 1).exp() - x).relu(), x.sin() / y.sqrt().abs(), (x < y).where(x, y), x.maximum(y).clip(-1, 1)],
+    [x.sum(1), x.sum(0), x.sum(), x.max(1), x.min(0), x.mean(), x.var(1), x.argmax(1), odd.sum(1), big.sum(1)],
+    [x.softmax(1), x.log_softmax(0), x.layernorm(), big.softmax(1), odd.layernorm(), big.layernorm()],
+    [x @ y.T, x[::2, 3:40:3].flip(0).pad(((1, 2), (0, 1))), x.reshape(48, 32).permute(1, 0).contiguous() * 2],
+    [img.conv2d(w, padding=1), img.max_pool2d(2), img.avg_pool2d(3)],
+    [x.half() * 2, x.half().sum(1), x.half().max(1), x.int().sum(1), (x > 0).any(1), (x > 0).all(0),
+     x.cast(np.int8).max(1), x.double().sum(0), x.long() + 3, Tensor.arange(1000, device="CPU").float().sum()],
+    [Tensor.rand(64, 33, seed=1, device="CPU"), Tensor.eye(5, device="CPU")],
+  ]
+
+
+def gpu_kernels_of(tensors) -> list:
+  run = Run("CPU", parallel=False, device_loops=True)
+  kernels, _ = schedule([u.uop for u in tensors], [u.device for u in tensors], run)
+  return [normalize(k)[0] for k in kernels if k.op is Ops.KERNEL]
+
+
+def test_every_kernel_compiles_for_cuda(tmp_path):
+  from runtime import realize as rr
+  from renderers.cuda import renderer
+  kernels = list(dict.fromkeys(norm for norm, _ in list(rr._kernels)))
+  session = len(kernels)
+  for group in programs(): kernels += gpu_kernels_of(group)
+  bodies: dict[str, None] = {}
+  for norm in kernels:
+    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True))
+    dims = launch_dims(linear)
+    if dims is not None:
+      (blocks, *_), (threads, *_) = dims
+      assert 1 <= threads <= MAX_THREADS and 1 <= blocks <= MAX_GRID, (dims, norm)
+      if any(u.op is Ops.BARRIER for u in linear.src): assert threads % 32 == 0, "a block combine needs whole warps"
+    bodies.setdefault(renderer.render("KERNEL_NAME", linear), None)
+  names = [f"k{i}" for i in range(len(bodies))]
+  source = renderer.source([b.replace("KERNEL_NAME", n) for b, n in zip(bodies, names)])
+  src, out = tmp_path / "kernels.cu", tmp_path / "kernels.cubin"
+  src.write_text(source)
+  cuda._run_nvcc(NVCC, ARCH, src, out)   # one nvcc call; CompileError with nvcc's message fails the test
+  assert out.stat().st_size > 0
+  for n in names: assert n.encode() in out.read_bytes(), f"kernel {n} is not in the cubin"
+  print(f"{len(names)} distinct CUDA kernels ({session} from this session's cache) compiled for {ARCH}")
