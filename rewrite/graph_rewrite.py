@@ -2,7 +2,7 @@
 from __future__ import annotations
 import time
 from typing import Any
-from .uop import UOp
+from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
 from . import stats
 
@@ -39,54 +39,107 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
 
 
 def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: bool, stage: str) -> tuple[UOp, int]:
+  # One explicit stack of nodes. A node stays on it until it is finished (in `done`): at its first visit it pushes
+  # the sources not yet finished; once they are, it is rebuilt from their results and matched. What a rule returns
+  # is finished on the spot when its sources are (the usual case: rules build on finished nodes); otherwise the
+  # node waits (in `links`) under its result on the stack, and takes what the result became.
   done: dict[UOp, UOp] = {}
-  waiting: set[UOp] = set()          # nodes waiting for what they were rewritten to
-  lineage: dict[UOp, int] = {}       # how many rewrites led to a node
-  history: dict[UOp, tuple[UOp, UOp]] = {}  # node -> (the node a rule fired on, its result); read only to report a loop
-  stack: list[tuple[UOp, int, Any]] = [(root, 0, None)]
-  push, pop, get = stack.append, stack.pop, dispatch.get
+  links: dict[UOp, tuple[UOp, UOp]] = {}    # node -> (its result, the node the rule fired on), while unfinished
+  lineage: dict[UOp, int] = {}              # top_down: how many growing rewrites led to a node
+  tried: set[UOp] = set()                   # top_down: nodes already tried before their sources
+  stack: list[UOp] = [root]
+  push, pop, get, done_get, _tuple, _map = stack.append, stack.pop, dispatch.get, done.get, tuple, map
   rewrites = 0
   n = nn = root
   try:
     while stack:
-      n, step, r = pop()
-      if step == 0:
-        if n in done: continue
-        if top_down and (fn := get(n.op)) is not None and (r := fn(n, ctx)) is not None and r is not n:
-          nn = n
-        else:
-          push((n, 1, None))
-          for s in reversed(n.src):
-            if s not in done:
-              if s in waiting: _loop(matcher, ctx, s, history, dispatch, stage)
-              push((s, 0, None))
-          continue
-      elif step == 1:
-        if n in done: continue
-        src = n.src
-        new_src = tuple([done[s] for s in src])
-        if new_src == src: nn = n
-        else:
-          nn = UOp(n.op, n.dtype, new_src, n.arg)
-          if nn in done: done[n] = done[nn]; continue  # the rebuilt node was met elsewhere: its rewrite is known
-        if (fn := get(nn.op)) is None or (r := fn(nn, ctx)) is None or r is nn:
-          done[n] = nn
-          if nn is not n: done[nn] = nn
-          continue
+      n = stack[-1]
+      if n in done: pop(); continue
+      src = n.src
+      new_src = _tuple(_map(done_get, src))
+      if None in new_src:  # some source is not finished
+        if top_down:
+          if n in links:
+            r, nn = links.pop(n); done[n] = done[r]; pop(); continue
+          if n not in tried:
+            tried.add(n)
+            nn = n
+            if (fn := get(n.op)) is not None and (r := fn(n, ctx)) is not None and r is not n:
+              rewrites += 1
+              # a chain of rewrites that never ends builds ever new nodes; rewriting to one of the node's own sources
+              # shrinks the graph, which cannot go on forever (and legitimately goes on along a long chain)
+              lineage[r] = depth = lineage.get(n, 0) + (r not in src)
+              if depth > MAX_LINEAGE or r in links: _loop(matcher, ctx, stage, links, n)
+              if (f := done_get(r)) is not None: done[n] = f; pop()
+              else: links[n] = (r, n); push(r)
+              continue
+        waits = False
+        for s in src:
+          if s in done: continue
+          if not s.src:  # a leaf is finished here rather than pushed and visited
+            nn = s
+            if (fn := get(s.op)) is None or (r := fn(s, ctx)) is None or r is s: done[s] = s; continue
+            rewrites += 1
+            if (f := done_get(r)) is not None: done[s] = f; continue
+            if r in links: _loop(matcher, ctx, stage, links, s)
+            links[s] = (r, s); push(s); push(r); waits = True
+            continue
+          if s in links: _loop(matcher, ctx, stage, links, s)
+          push(s); waits = True
+        if waits: continue
+        new_src = _tuple(_map(done_get, src))
+      elif links and n in links:  # its rewrite is finished
+        r, nn = links.pop(n)
+        done[n] = f = done[r]
+        if nn is not n: done[nn] = f
+        pop(); continue
+      if new_src == src: nn = n
       else:
-        waiting.discard(n)
-        done[n] = done[r]
-        continue
-      # a rule rewrote nn (n, rebuilt) to r: finish r, then n becomes what r became
+        nn = _with_src(n, new_src)
+        if (f := done_get(nn)) is not None: done[n] = f; pop(); continue  # met elsewhere already: known
+      if (fn := get(nn.op)) is None or (top_down and nn is n and n in tried) or (r := fn(nn, ctx)) is None or r is nn:
+        done[n] = nn
+        if nn is not n: done[nn] = nn
+        pop(); continue
+      # a rule rewrote nn (n, rebuilt) to r
       rewrites += 1
-      # A chain of rewrites that never ends builds ever new nodes; rewriting to one of the node's own sources makes the
-      # graph smaller, which cannot go on forever (and does legitimately go on for a long chain), so it is not counted.
-      depth = lineage[r] = lineage.get(n, 0) + (r not in nn.src)
-      history[n] = (nn, r)
-      if depth > MAX_LINEAGE or r in waiting: _loop(matcher, ctx, r, history, dispatch, stage, n)
-      waiting.add(n)
-      push((n, 2, r))
-      push((r, 0, None))
+      if top_down:
+        lineage[r] = depth = lineage.get(n, 0) + (r not in new_src)
+        if depth > MAX_LINEAGE: _loop(matcher, ctx, stage, links, n)
+      chain: list[tuple[UOp, UOp, UOp]] = []  # rewrites of what r became: (node, rebuilt node fired on, result)
+      while (f := done_get(r)) is None:  # finish r here if its sources are finished
+        if r is n or r is nn or r in links: _loop(matcher, ctx, stage, links, n)
+        rs = r.src
+        new_rs = _tuple(_map(done_get, rs))
+        if None in new_rs: break
+        if new_rs == rs: rr = r
+        else:
+          rr = _with_src(r, new_rs)
+          if (f := done_get(rr)) is not None: done[r] = f; break
+        nn2, nn = nn, rr
+        if (fn := get(rr.op)) is None or (r2 := fn(rr, ctx)) is None or r2 is rr:
+          done[r] = f = rr
+          if rr is not r: done[rr] = rr
+          nn = nn2
+          break
+        nn = nn2
+        rewrites += 1
+        chain.append((r, rr, r2))
+        if len(chain) > MAX_LINEAGE: _loop(matcher, ctx, stage, links, n)
+        r = r2
+      if f is None:  # r waits for its sources on the stack, under it what it came from, under those n
+        if chain:
+          links[n] = (chain[0][0], nn)
+          for c, cr, c2 in chain: links[c] = (c2, cr); push(c)
+        else: links[n] = (r, nn)
+        if not top_down and len(links) > MAX_LINEAGE: _loop(matcher, ctx, stage, links, n)
+        push(r); continue
+      for c, cr, _ in chain:
+        done[c] = f
+        if cr is not c: done[cr] = f
+      done[n] = f
+      if nn is not n: done[nn] = f
+      pop()
   except (RewriteLoopError, RuleError): raise
   except Exception as e:
     node = nn if nn is not None else n
@@ -103,19 +156,19 @@ def _failing_rule(matcher: PatternMatcher, node: UOp, ctx) -> Rule | None:
   return None
 
 
-def _loop(matcher: PatternMatcher, ctx, node: UOp, history: dict, dispatch: dict, stage: str, start: UOp | None = None):
-  # Walk back what the looping node was rewritten from and name the rules that fired on the way.
+def _loop(matcher: PatternMatcher, ctx, stage: str, links: dict, node: UOp):
+  # Name the rules that keep firing: those of the rewrites still waiting on their results (the loop is among them),
+  # and those met by replaying the rules from the node for a while (rules are deterministic).
   fired: dict[str, int] = {}
-  seen = 0
-  cur = start if start is not None else node
-  while cur in history and seen < 50:
-    before, after = history[cur]
-    rule, _ = matcher.rewrite_traced(before, ctx)
+  def note(u: UOp) -> UOp | None:
+    rule, r = matcher.rewrite_traced(u, ctx)
     if rule is not None: key = f"{rule.name} ({rule.location})"; fired[key] = fired.get(key, 0) + 1
-    cur, seen = after, seen + 1
-  if not fired:
-    rule, _ = matcher.rewrite_traced(node, ctx)
-    if rule is not None: fired[f"{rule.name} ({rule.location})"] = 1
+    return r
+  for _, before in list(links.values())[-50:]: note(before)
+  cur = node
+  for _ in range(50):
+    if cur is None: break
+    cur = note(cur)
   names = "\n    ".join(fired) or "(unknown)"
   raise RewriteLoopError(f"rewrite in stage {stage!r} does not terminate: these rules keep firing\n    {names}\n"
                          f"  on node {node!r}")

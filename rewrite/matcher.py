@@ -98,7 +98,10 @@ class _Codegen:
     self.consts, self.prefix, self.nvars = consts, prefix, 0
 
   def const(self, value) -> str:
-    key = f"_k{len(self.consts)}"
+    # one global name per distinct object (an op, a dtype, an arg), shared by every rule of the function
+    ids = self.consts.setdefault("__ids__", {})
+    if (key := ids.get(id(value))) is not None: return key
+    key = ids[id(value)] = f"_k{len(ids)}"
     self.consts[key] = value
     return key
 
@@ -152,6 +155,98 @@ class _Codegen:
     return depth
 
 
+# Patterns are compiled two ways. The common shape (in-order sources, and small any-order source lists) becomes
+# straight-line code: one `if` per (alternative, ordering of unordered sources) whose condition is a chain of `and`ed
+# checks, breadth first so that the cheapest tests (ops of the root's sources) come first and a failing rule costs a
+# few bytecodes. Patterns with an every-source UPat, or too many orderings, use _Codegen's loops.
+_MAX_ORDERINGS = 24
+
+
+def _orderings(p: UPat) -> int:
+  """How many straight-line copies p needs (one per combination of orderings of its any-order source lists)."""
+  if p.src is None: return 1
+  if p.src_kind == "each": return _MAX_ORDERINGS + 1
+  n = 1
+  if p.src_kind == "any_order":
+    for k in range(2, len(p.src) + 1): n *= k
+  for q in p.src: n *= _orderings(q)
+  return n
+
+
+def _choices(p: UPat) -> list[list[tuple[int, ...]]]:
+  """Every way to order p's any-order source lists: a list of permutations, in pre-order of p's nodes."""
+  out: list[list[tuple[int, ...]]] = [[]]
+  stack = [p]
+  order: list[UPat] = []
+  while stack:  # pre-order, the order in which the loop form would nest its loops
+    q = stack.pop()
+    order.append(q)
+    stack.extend(reversed(q.src or ()))
+  for q in order:
+    if q.src_kind == "any_order" and len(q.src) > 1:
+      out = [c + [perm] for c in out for perm in itertools.permutations(range(len(q.src)))]
+  return out
+
+
+def _straight(cg: _Codegen, alt: UPat, perms: list[tuple[int, ...]], top: list[tuple[str, str]] | None) -> tuple[list[str], dict[str, str]]:
+  """Conditions (in evaluation order) for node `u` to match `alt` under one choice of orderings, and the names bound.
+
+  `top` gives, when the caller has unpacked the root's sources, an (expression, op expression) per source; the
+  length of the root's source tuple is then already known to fit."""
+  conds: list[str] = []
+  bound: dict[str, str] = {}
+  perm_iter = iter(perms)
+  # pre-order permutation choices are consumed in the same order _choices produced them
+  perm_of: dict[int, tuple[int, ...]] = {}
+  stack = [alt]
+  while stack:
+    q = stack.pop()
+    if q.src_kind == "any_order" and len(q.src) > 1: perm_of[id(q)] = next(perm_iter)
+    stack.extend(reversed(q.src or ()))
+  # Breadth first, and a node's source list is opened only after its siblings' own checks: (q, node expression,
+  # op expression or None, is root, open its sources now)
+  queue: list[tuple[UPat, str, str | None, bool, bool]] = [(alt, "u", None, True, False)]
+  head = 0
+  while head < len(queue):
+    q, v, opx, is_root, expand = queue[head]; head += 1
+    if expand:
+      n = len(q.src)
+      perm = perm_of.get(id(q), tuple(range(n)))
+      if is_root and top is not None: kids = [top[perm[j]] for j in range(n)]
+      else:
+        t = cg.var()
+        conds.append(f"len({t} := {v}.src) {'>=' if q.allow_any_len else '=='} {n}")
+        kids = [(f"{t}[{perm[j]}]", None) for j in range(n)]
+      for sub, (kv, kop) in zip(q.src, kids): queue.append((sub, kv, kop, False, False))
+      continue
+    checks = (q.op is not None and not is_root and opx is None) + (q.dtype is not None) + (q.arg is not _ANY) + \
+      (bool(q.name) and q.name in bound) + (q.src is not None)
+    # name the node at its first check when it is read again later, rather than index it again for every check
+    pending = checks > 1 and not v.isidentifier()
+    nv = cg.var() if pending else v
+    def node() -> str:
+      nonlocal pending
+      if pending: pending = False; return f"({nv} := {v})"
+      return nv
+    if q.op is not None and not is_root:
+      ox = opx if opx is not None else f"{node()}.op"
+      if len(q.op) == 1: conds.append(f"{ox} is {cg.const(next(iter(q.op)))}")
+      else: conds.append(f"{ox} in {cg.const(q.op)}")
+    if q.dtype is not None:
+      if len(q.dtype) == 1: conds.append(f"{node()}.dtype is {cg.const(next(iter(q.dtype)))}")
+      else: conds.append(f"{node()}.dtype in {cg.const(q.dtype)}")
+    if q.arg is not _ANY: conds.append(f"{node()}.arg == {cg.const(q.arg)}")
+    if q.name:
+      if q.name in bound: conds.append(f"{node()} is {bound[q.name]}")
+      else: bound[q.name] = v if pending else nv
+    if q.src is not None: queue.append((q, v if pending else nv, opx, is_root, True))
+  return conds, bound
+
+
+def _call_args(rule: Rule, bound: dict[str, str]) -> str:
+  return ", ".join([bound[p] for p in rule.params] + [f"{k}={bound[k]}" for k in rule.kwparams] + (["ctx=ctx"] if rule.wants_ctx else []))
+
+
 def _walk(p: UPat):
   yield p
   for s in p.src or (): yield from _walk(s)
@@ -198,21 +293,60 @@ class PatternMatcher:
 
   def _compile_op(self, op: Ops, rules: list[Rule], timed: bool) -> Callable:
     consts: dict[str, Any] = {"_ONCE": (None,)}
-    lines = ["def match(u, ctx):"]
+    entries: list[tuple[int, Rule, UPat]] = []
     for ri, rule in enumerate(rules):
-      fn_name = f"_fn{ri}"
-      consts[fn_name] = rule.timed_fn() if timed else rule.fn
+      consts[f"_fn{ri}"] = rule.timed_fn() if timed else rule.fn
       for alt in rule.pattern.expand_alternatives():
-        if alt.op is not None and op not in alt.op: continue
+        if alt.op is None or op in alt.op: entries.append((ri, rule, alt))
+    def fixed_len(alt: UPat) -> int | None:
+      return len(alt.src) if alt.src is not None and alt.src_kind != "each" and not alt.allow_any_len else None
+    def fits(alt: UPat, k: int | None) -> bool:  # can alt match a node with k sources (None: a count no block took)
+      if alt.src is None or alt.src_kind == "each": return True
+      if alt.allow_any_len: return k is None or len(alt.src) <= k
+      return len(alt.src) == k
+    # One block per source count that some pattern fixes: inside it the count is known and the sources are unpacked
+    # once for every rule. Rules keep their order within a block; a rule whose pattern fits several counts (no
+    # sources, or allow_any_len) is copied into each block it fits.
+    counts = sorted({k for _, _, alt in entries if (k := fixed_len(alt)) is not None})
+    lines = ["def match(u, ctx):"]
+    nvar = [0]
+    def emit_entries(depth: int, k: int | None, top: list[tuple[str, str]] | None):
+      for ri, rule, alt in entries:
+        if not fits(alt, k): continue
+        pad = "  " * depth
         cg = _Codegen(consts, f"r{ri}_")
-        cg.emit(1, f"for _ in _ONCE:  # {rule.name}  ({rule.location})")
-        bound: dict[str, str] = {}
-        depth = cg.pattern(alt, "u", 2, "break", bound, skip_op=True, each=set())
-        args = [bound[p] for p in rule.params] + [f"{k}={bound[k]}" for k in rule.kwparams] + (["ctx=ctx"] if rule.wants_ctx else [])
-        cg.emit(depth, f"r = {fn_name}({', '.join(args)})")
-        cg.emit(depth, "if r is not None: return r")
-        lines += cg.lines
+        cg.nvars = nvar[0]
+        lines.append(f"{pad}# {rule.name}  ({rule.location})")
+        if _orderings(alt) <= _MAX_ORDERINGS:
+          for perms in _choices(alt):
+            conds, bound = _straight(cg, alt, perms, top if fixed_len(alt) == k or (alt.allow_any_len and alt.src is not None) else None)
+            call = f"{pad}{'  ' if conds else ''}if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r"
+            if conds: lines.append(f"{pad}if {' and '.join(conds)}:")
+            lines.append(call)
+        else:
+          cg.emit(depth, f"for _ in _ONCE:")
+          bound: dict[str, str] = {}
+          d = cg.pattern(alt, "u", depth + 1, "break", bound, skip_op=True, each=set())
+          cg.emit(d, f"if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r")
+          lines.extend(cg.lines)
+        nvar[0] = cg.nvars
+    if counts:
+      lines.append("  s = u.src")
+      lines.append("  n = len(s)")
+    for k in counts:
+      lines.append(f"  if n == {k}:")
+      top = None
+      if 0 < k <= 4:
+        names = [f"s{j}" for j in range(k)]
+        lines.append(f"    {', '.join(names)}{',' if k == 1 else ''} = s")
+        lines.append(f"    {', '.join(f'o{j}' for j in range(k))} = {', '.join(f's{j}.op' for j in range(k))}")
+        top = [(f"s{j}", f"o{j}") for j in range(k)]
+      elif k > 4: top = [(f"s[{j}]", None) for j in range(k)]
+      emit_entries(2, k, top)
+      lines.append("    return None")
+    emit_entries(1, None, None)
     lines.append("  return None")
+    consts.pop("__ids__", None)
     src = "\n".join(lines)
     if not timed: self._sources[op] = src
     namespace = dict(consts)

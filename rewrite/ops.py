@@ -22,6 +22,9 @@ class Ops(Enum):
   WHERE = auto(); MULACC = auto()
 
   def __repr__(self): return f"Ops.{self.name}"
+  # Enum hashes by name in Python code; every UOp construction and every matcher dispatch hashes an op, so use the
+  # C-level identity hash (members are singletons, also across pickling, and compare by identity anyway)
+  __hash__ = object.__hash__
 
 
 class GroupOp:

@@ -24,6 +24,7 @@ class _UOpFields:
 
 
 _cache: dict[tuple, weakref.ReferenceType] = {}
+_KEEP = object()  # replace(): "field not given" (None is a real arg)
 
 
 class UOp(_UOpFields):
@@ -36,19 +37,20 @@ class UOp(_UOpFields):
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
     key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
     if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
-    u = object.__new__(_UOpFields)
-    u.op, u.dtype, u.src, u.arg, u._key = op, dtype, src, arg, key
+    u = _new_fields(_UOpFields)
+    u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
     u.__class__ = UOp
-    _cache[key] = weakref.ref(u)
+    _cache[key] = _weakref(u)
     return u
 
-  def __init__(self, *args, **kwargs): pass
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: cannot set {name!r}; build a new one with .replace()")
   def __delattr__(self, name): raise AttributeError(f"UOp is immutable: cannot delete {name!r}")
   def __del__(self):
+    # runs for every node that dies: keep it short. The entry may already belong to a newer equal node (when the
+    # cyclic collector cleared this one's weakref first), which must stay.
     try:
-      key = _UOpFields._key.__get__(self)
-      if (ref := _cache.get(key)) is not None and ref() in (self, None): del _cache[key]
+      key = self._key
+      if (o := _cache[key]()) is self or o is None: del _cache[key]
     except Exception: pass  # interpreter shutdown, or a node that never finished construction
   def __reduce__(self):
     # The pickler recurses once per nesting level, so a deep graph pickles as a flat list of its deep nodes, sources
@@ -66,10 +68,11 @@ class UOp(_UOpFields):
   def __deepcopy__(self, memo): return self
   def __bool__(self): raise TypeError("a UOp has no truth value; compare with `is`, or use .where() to select")
 
-  def replace(self, **changes) -> UOp:
-    op, dtype, src, arg = (changes.pop(k, getattr(self, k)) for k in ("op", "dtype", "src", "arg"))
-    if changes: raise TypeError(f"UOp.replace got unknown fields {sorted(changes)}")
-    return UOp(op, dtype, tuple(src), arg)
+  def replace(self, op=_KEEP, dtype=_KEEP, src=_KEEP, arg=_KEEP, **unknown) -> UOp:
+    """This node with some fields changed (the same node when nothing changes)."""
+    if unknown: raise TypeError(f"UOp.replace got unknown fields {sorted(unknown)}")
+    return _make(self.op if op is _KEEP else op, self.dtype if dtype is _KEEP else dtype,
+                 self.src if src is _KEEP else src if src.__class__ is tuple else tuple(src), self.arg if arg is _KEEP else arg)
 
   # ---- graph walks (iterative: a 200,000-deep chain must not hit the recursion limit) ----
   @property
@@ -100,7 +103,7 @@ class UOp(_UOpFields):
   # ---- construction helpers ----
   @staticmethod
   def const(dtype: DType, value) -> UOp:
-    return UOp(Ops.CONST, dtype, (), _as_dtype_value(dtype, value))
+    return _make(Ops.CONST, dtype, (), _as_dtype_value(dtype, value))
 
   @staticmethod
   def variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.index) -> UOp:
@@ -115,28 +118,28 @@ class UOp(_UOpFields):
   def cast(self, dtype: DType) -> UOp: return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
 
   def _other(self, x) -> UOp: return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
-  def __add__(self, x): return UOp(Ops.ADD, self.dtype, (self, self._other(x)))
-  def __radd__(self, x): return UOp(Ops.ADD, self.dtype, (self._other(x), self))
-  def __mul__(self, x): return UOp(Ops.MUL, self.dtype, (self, self._other(x)))
-  def __rmul__(self, x): return UOp(Ops.MUL, self.dtype, (self._other(x), self))
+  def __add__(self, x): return _make(Ops.ADD, self.dtype, (self, self._other(x)), None)
+  def __radd__(self, x): return _make(Ops.ADD, self.dtype, (self._other(x), self), None)
+  def __mul__(self, x): return _make(Ops.MUL, self.dtype, (self, self._other(x)), None)
+  def __rmul__(self, x): return _make(Ops.MUL, self.dtype, (self._other(x), self), None)
   def __neg__(self): return UOp(Ops.NEG, self.dtype, (self,)) if self.dtype.is_float else self * -1
   def __sub__(self, x): return self + (-self._other(x))
   def __rsub__(self, x): return self._other(x) + (-self)
-  def __floordiv__(self, x): return UOp(Ops.IDIV, self.dtype, (self, self._other(x)))
-  def __rfloordiv__(self, x): return UOp(Ops.IDIV, self.dtype, (self._other(x), self))
-  def __truediv__(self, x): return UOp(Ops.FDIV, self.dtype, (self, self._other(x)))
-  def __mod__(self, x): return UOp(Ops.MOD, self.dtype, (self, self._other(x)))
-  def __rmod__(self, x): return UOp(Ops.MOD, self.dtype, (self._other(x), self))
-  def __lt__(self, x): return UOp(Ops.CMPLT, dtypes.bool, (self, self._other(x)))
-  def __gt__(self, x): return UOp(Ops.CMPLT, dtypes.bool, (self._other(x), self))
-  def __and__(self, x): return UOp(Ops.AND, self.dtype, (self, self._other(x)))
-  def __or__(self, x): return UOp(Ops.OR, self.dtype, (self, self._other(x)))
-  def __xor__(self, x): return UOp(Ops.XOR, self.dtype, (self, self._other(x)))
-  def __lshift__(self, x): return UOp(Ops.SHL, self.dtype, (self, self._other(x)))
-  def __rshift__(self, x): return UOp(Ops.SHR, self.dtype, (self, self._other(x)))
-  def ne(self, x): return UOp(Ops.CMPNE, dtypes.bool, (self, self._other(x)))
+  def __floordiv__(self, x): return _make(Ops.IDIV, self.dtype, (self, self._other(x)), None)
+  def __rfloordiv__(self, x): return _make(Ops.IDIV, self.dtype, (self._other(x), self), None)
+  def __truediv__(self, x): return _make(Ops.FDIV, self.dtype, (self, self._other(x)), None)
+  def __mod__(self, x): return _make(Ops.MOD, self.dtype, (self, self._other(x)), None)
+  def __rmod__(self, x): return _make(Ops.MOD, self.dtype, (self._other(x), self), None)
+  def __lt__(self, x): return _make(Ops.CMPLT, dtypes.bool, (self, self._other(x)), None)
+  def __gt__(self, x): return _make(Ops.CMPLT, dtypes.bool, (self._other(x), self), None)
+  def __and__(self, x): return _make(Ops.AND, self.dtype, (self, self._other(x)), None)
+  def __or__(self, x): return _make(Ops.OR, self.dtype, (self, self._other(x)), None)
+  def __xor__(self, x): return _make(Ops.XOR, self.dtype, (self, self._other(x)), None)
+  def __lshift__(self, x): return _make(Ops.SHL, self.dtype, (self, self._other(x)), None)
+  def __rshift__(self, x): return _make(Ops.SHR, self.dtype, (self, self._other(x)), None)
+  def ne(self, x): return _make(Ops.CMPNE, dtypes.bool, (self, self._other(x)), None)
   def eq(self, x): return self.ne(x) ^ True
-  def maximum(self, x): return UOp(Ops.MAX, self.dtype, (self, self._other(x)))
+  def maximum(self, x): return _make(Ops.MAX, self.dtype, (self, self._other(x)), None)
   def minimum(self, x): return -((-self).maximum(-self._other(x)))
   def where(self, a, b):
     a = a if isinstance(a, UOp) else UOp.const(b.dtype if isinstance(b, UOp) else dtypes.from_py(a), a)
@@ -164,6 +167,31 @@ class UOp(_UOpFields):
   def __repr__(self) -> str:
     return pretty(self) if len(self.toposort) <= 12 else _short(self) + f" <{len(self.toposort)} nodes; .pretty() shows all>"
   def pretty(self) -> str: return pretty(self)
+
+
+_new_fields, _weakref = object.__new__, weakref.ref
+
+
+def _make(op: Ops, dtype: DType, src: tuple, arg) -> UOp:
+  """UOp(op, dtype, src, arg) minus the class-call machinery (src must be a tuple): for the engine's hot paths."""
+  key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
+  if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
+  u = _new_fields(_UOpFields)
+  u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
+  u.__class__ = UOp
+  _cache[key] = _weakref(u)
+  return u
+
+
+def _with_src(n: UOp, src: tuple) -> UOp:
+  """n with new sources (graph_rewrite's rebuild): n's arg is already in key form."""
+  key = (n.op, n.dtype, src, n._key[3])
+  if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
+  u = _new_fields(_UOpFields)
+  u.op = n.op; u.dtype = n.dtype; u.src = src; u.arg = n.arg; u._key = key
+  u.__class__ = UOp
+  _cache[key] = _weakref(u)
+  return u
 
 
 def _short(u: UOp) -> str:

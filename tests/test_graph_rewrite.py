@@ -133,3 +133,29 @@ def test_a_raising_rule_is_reported_with_rule_stage_and_node():
   assert f"rule divide at {__file__}:{divide.__code__.co_firstlineno} raised ZeroDivisionError" in msg
   assert "'fold division'" in msg and "Ops.IDIV" in msg
   assert isinstance(err.value.__cause__, ZeroDivisionError)
+
+
+def test_results_of_rewrites_are_rewritten_in_turn():
+  # x*4 -> (x*2)*2: the result holds a new node that is rewritten first, then the result itself
+  pm = PatternMatcher([
+    (UPat(Ops.MUL, src=(UPat.var("a"), UPat.const(i32, 4))), lambda a: (a * 2) * 2),
+    (UPat(Ops.MUL, src=(UPat.var("a"), UPat.const(i32, 2))), lambda a: a + a),
+  ])
+  assert graph_rewrite(x * 4, pm) is (x + x) + (x + x)
+  assert graph_rewrite(x * 4, pm, top_down=True) is (x + x) + (x + x)
+  # a chain of rewrites on one node: y*1 -> y+0 -> y
+  chain = PatternMatcher([(UPat.var("a") * 1, lambda a: a + 0), (UPat.var("a") + 0, lambda a: a)])
+  e = UOp(Ops.SINK, src=((y * 1) * 1, y * 1 + x, (y * 1) * 1))
+  assert graph_rewrite(e, chain) is UOp(Ops.SINK, src=(y, y + x, y))
+  assert graph_rewrite(e, chain, top_down=True) is UOp(Ops.SINK, src=(y, y + x, y))
+
+
+def test_a_rewritten_leaf_is_finished_once():
+  calls = []
+  def rename(v):
+    calls.append(v)
+    return UOp.variable("z", 0, 10) if v.arg[0] == "x" else None
+  pm = PatternMatcher([(UPat(Ops.DEFINE_VAR, name="v"), rename)])
+  z = UOp.variable("z", 0, 10)
+  assert graph_rewrite((x + y) * x, pm) is (z + y) * z
+  assert sorted(v.arg[0] for v in calls) == ["x", "y", "z"]
