@@ -68,7 +68,8 @@ def test_dead_nodes_are_freed():
 
 
 def test_a_whole_dead_graph_is_freed():
-  refs = [weakref.ref(n) for n in (UOp.variable("dead", 0, 3) * 5 + 77777).toposort]
+  # every node here is unique to this test, so nothing else keeps one alive
+  refs = [weakref.ref(n) for n in (UOp.variable("dead", 0, 3) * 55555 + 77777).toposort]
   gc.collect()
   assert all(r() is None for r in refs)
 
