@@ -7,8 +7,10 @@ computes a reduction which its readers read broadcast back along the reduced axe
 softmax, the mean and the variance of a layer norm) is inlined into each reader and dropped, unless its buffer is an
 output of the realize. The reader then computes the reduction itself, once per row: on a GPU one block owns a row
 (stage `gpu` below), so the row is read from memory once and again from cache, instead of once per kernel.
-Values are unchanged; every reader must read the result only broadcast along the reduced axes (else the reduction
-would be recomputed per element), and nothing between the two kernels may write what the reduction reads.
+Values are unchanged. Only a reduction that a block runs well (see `block_plan`: it walks memory along the reduced
+axis, as a row reduction does, not down columns) is inlined; every reader must read the result only broadcast along
+the reduced axes (else it would be recomputed per element); nothing between the two kernels may write what the
+reduction reads.
 
 Stage `gpu` (kernel scope, rule `map_to_grid`): in, a lowered kernel `SINK(STORE...)` with output loops
 `RANGE("out", ...)` and `REDUCE`s; out, the same values with the output loops replaced by thread indices,
@@ -41,6 +43,8 @@ from .realize import buffers_read, buffers_written
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
+from .views import view_rules
+from .lower import lower_rules, LowerContext
 
 MAX_THREADS = 1024           # threads per block, every CUDA GPU since compute capability 2.0
 MAX_GRID = 2**31 - 1         # blocks along x
@@ -96,6 +100,13 @@ def _reads_broadcast(reader: UOp, out_view: UOp, axes: set[int]) -> bool:
   return all(st.src[0] not in holds for st in reader.src)
 
 
+def _lowered(kernel: UOp) -> UOp:
+  """The kernel through the shared stages from views to symbolic, to look at its loops and loads."""
+  k = graph_rewrite(kernel, view_rules, name="gpu_fuse.views")
+  k = graph_rewrite(k, lower_rules, LowerContext(), name="gpu_fuse.lower", top_down=True)
+  return graph_rewrite(k, symbolic_rules, name="gpu_fuse.symbolic")
+
+
 def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
   kernels = list(schedule.src)
   for pi, p in enumerate(kernels):
@@ -103,6 +114,8 @@ def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
     out_view, value = p.src[0].src
     buf = out_view.src[0]
     if buf in ctx.outputs or (axes := _top_reduce_axes(value)) is None: continue
+    # only a reduction that a block would run well on its own (along rows in memory, not down columns)
+    if block_plan(_lowered(p)) is None: continue
     readers = [i for i in range(pi + 1, len(kernels)) if buf in buffers_read(kernels[i])]
     if not readers or any(kernels[i].op is not Ops.KERNEL or kernels[i].arg != p.arg or
                           not _reads_broadcast(kernels[i], out_view, axes) for i in readers): continue
@@ -174,10 +187,40 @@ class ThreadLoop:
     return out
 
 
-def _walks_reduced_axis(red: UOp) -> bool:
-  """Some load of the reduction steps through memory one element at a time along its innermost reduced loop."""
-  inner = red.src[-1]
-  return any(n.op is Ops.LOAD and (inner, 1) in terms_of(n.src[0].src[1]) for n in red.src[0].toposort)
+def lane_access(idx: UOp, lane: UOp) -> str:
+  """How the threads of a warp, which differ in the loop index `lane`, read through the index `idx`: all one address
+  ("uniform"), consecutive addresses ("coalesced"), or anything else ("strided")."""
+  if lane not in idx.toposort: return "uniform"
+  coef = sum(k for t, k in terms_of(idx) if t is lane) if any(t is lane for t, _ in terms_of(idx)) else None
+  return "coalesced" if coef == 1 and not any(t is not lane and t is not None and lane in t.toposort
+                                              for t, _ in terms_of(idx)) else "strided"
+
+
+def _strided_loads(reductions: list[UOp], lane_of) -> int:
+  return sum(lane_access(n.src[0].src[1], lane_of(red)) == "strided"
+             for red in reductions for n in red.src[0].toposort if n.op is Ops.LOAD)
+
+
+def block_plan(sink: UOp) -> tuple[list[UOp], list[UOp], list[UOp]] | None:
+  """(output loops, the reductions the block shares, the row loops: those they depend on) when the kernel runs one
+  block per row, or None when it runs one thread per output element. A block per row when there are long reductions
+  (computed once per output element, of at least BLOCK_REDUCE_MIN elements, by ADD or MAX) and one of:
+  - their rows are too few to fill the GPU with a thread each;
+  - a row's value is shared by several outputs (a fused softmax): one thread per output would recompute it;
+  - the loads in them walk memory along the reduced axis more than along the innermost output axis (a row sum, not
+    a matrix product): so that consecutive threads read consecutive addresses."""
+  nodes = sink.toposort
+  ranges = open_ranges(sink)
+  outs = sorted({n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "out"}, key=nesting_key)
+  size = lambda rs: math.prod(r.src[0].arg for r in rs)
+  shared = [n for n in nodes if n.op is Ops.REDUCE and ranges[n] <= set(outs) and n.arg in (Ops.ADD, Ops.MAX)
+            and size(n.src[1:]) >= BLOCK_REDUCE_MIN]
+  if not shared: return None
+  rows = sorted(set().union(*(ranges[r] for r in shared)), key=nesting_key)
+  if (size(rows) < FEW_OUTPUTS or len(rows) < len(outs) or
+      _strided_loads(shared, lambda red: red.src[-1]) < (_strided_loads(shared, lambda red: outs[-1]) if outs else 1)):
+    return outs, shared, rows
+  return None
 
 
 def block_threads(n: int) -> int:
@@ -205,6 +248,7 @@ def map_flat(sink: UOp, outs: list[UOp]) -> UOp:
 
 
 def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UOp:
+  """One block per row: the reductions `top` shared by its threads, the row's other outputs spread over them."""
   cols = [r for r in outs if r not in rows]
   longest = max(math.prod(r.src[0].arg for r in red.src[1:]) for red in top)
   threads = block_threads(longest)
@@ -237,20 +281,10 @@ def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UO
 
 def map_to_grid(sink: UOp) -> UOp | None:
   if sink.arg == "linear": return None
-  nodes = sink.toposort
-  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in nodes): return None   # mapped already
-  ranges = open_ranges(sink)
-  outs = sorted({n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "out"}, key=nesting_key)
-  # the reductions computed once per output element (not inside another reduction's loop)
-  top = [n for n in nodes if n.op is Ops.REDUCE and ranges[n] <= set(outs)]
-  if top and all(r.arg in (Ops.ADD, Ops.MAX) for r in top):
-    rows = sorted(set().union(*(ranges[r] for r in top)), key=nesting_key)
-    nrows = math.prod(r.src[0].arg for r in rows)
-    long = max(math.prod(q.src[0].arg for q in r.src[1:]) for r in top) >= BLOCK_REDUCE_MIN
-    if long and (nrows < FEW_OUTPUTS or any(_walks_reduced_axis(r) for r in top)):
-      return map_block(sink, outs, top, rows)
-  if not outs: return None   # one output element, computed by one thread
-  return map_flat(sink, outs)
+  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
+  if (plan := block_plan(sink)) is not None: return map_block(sink, *plan)
+  outs = sorted({n for n in sink.toposort if n.op is Ops.RANGE and n.arg[0] == "out"}, key=nesting_key)
+  return map_flat(sink, outs) if outs else None   # no loops: one output element, computed by one thread
 
 
 gpu_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), map_to_grid)], name="gpu")

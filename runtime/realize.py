@@ -59,7 +59,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
     with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
   else: linear = lower_kernel(norm, run)
   shape = norm.src[0].src[0].arg.shape
-  kind = "r" if any(u.op is Ops.REDUCE for u in linear.src) else "E"
+  kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   body = renderer.render("KERNEL_NAME", linear)
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
@@ -151,7 +151,8 @@ def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
   kernels, realized = schedule(uops, devices, run)
   def ref(b: UOp): return b if isinstance(b.arg, NewBuffer) else weakref.ref(b.arg)
   plan = _Plan([], [(u.dtype, u.arg, ref(u.src[0])) for u in realized],
-               run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []))
+               run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) +
+               (run.fuse.inlined if run.fuse else []))
   pending: dict[str, list[CompiledKernel]] = {}
   for k in kernels:
     if k.op is Ops.COPY:
