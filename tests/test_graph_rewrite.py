@@ -159,3 +159,18 @@ def test_a_rewritten_leaf_is_finished_once():
   z = UOp.variable("z", 0, 10)
   assert graph_rewrite((x + y) * x, pm) is (z + y) * z
   assert sorted(v.arg[0] for v in calls) == ["x", "y", "z"]
+
+
+def test_the_garbage_collector_is_as_it_was_after_a_rewrite():
+  import gc
+  assert gc.isenabled()
+  graph_rewrite(x + 0, identities)
+  assert gc.isenabled()
+  pm = PatternMatcher([(UPat(Ops.IDIV, src=(UPat.cvar("a"), UPat.cvar("c"))), divide)])
+  with pytest.raises(RuleError): graph_rewrite(UOp.const(i32, 1) // 0, pm)
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    graph_rewrite(x + 0, identities)
+    assert not gc.isenabled()
+  finally: gc.enable()
