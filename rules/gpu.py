@@ -149,10 +149,20 @@ def split(flat: UOp, sizes: list[int]) -> list[UOp]:
   return out
 
 
-def substitute(u: UOp, mapping: dict[UOp, UOp], top_down: bool = False) -> UOp:
+def substitute(u: UOp, mapping: dict[UOp, UOp], copy: tuple | None = None, top_down: bool = False) -> UOp:
+  """u with the RANGEs (or REDUCEs) of `mapping` replaced. With `copy` (a tag unique to this copy of u, when u is
+  copied once per unrolled step), a reduction whose value changes gets loops of its own, tagged: two reductions may
+  never share a loop (each loop accumulates one), and one unchanged stays shared (computed once for all copies)."""
   if not mapping: return u
-  return graph_rewrite(u, PatternMatcher([(UPat((Ops.RANGE, Ops.REDUCE), name="x"), lambda ctx, x: ctx.get(x))]),
-                       mapping, name="gpu.substitute", top_down=top_down)
+  original = set(u.toposort) if copy is not None else ()
+  def replace(x: UOp) -> UOp | None:
+    if (y := mapping.get(x)) is not None: return y
+    if copy is None or x.op is not Ops.REDUCE or x in original or any(r.arg[-1] == copy for r in x.src[1:]): return None
+    own = x.src[1:]
+    fresh = [r.replace(arg=r.arg + (copy,)) for r in own]
+    return UOp(Ops.REDUCE, x.dtype, (substitute(x.src[0], dict(zip(own, fresh)), copy), *fresh), x.arg)
+  return graph_rewrite(u, PatternMatcher([(UPat((Ops.RANGE, Ops.REDUCE), name="x"), replace)]),
+                       name="gpu.substitute", top_down=top_down)
 
 
 def identity(red: UOp) -> UOp:
@@ -257,13 +267,13 @@ def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UO
   gidx, lidx = special("gidx0", nrows), special("lidx0", threads)
   replace: dict[UOp, UOp] = dict(zip(rows, split(gidx, [r.src[0].arg for r in rows])))
   # each reduction: a partial value per thread, then the block's combine
-  for red in top:
+  for i, red in enumerate(top):
     rr = list(red.src[1:])
     sizes = [r.src[0].arg for r in rr]
     tl = ThreadLoop(math.prod(sizes), threads, lidx, rr[0].arg)
     parts = []
-    for f, guard in tl.steps():
-      v = substitute(red.src[0], dict(zip(rr, split(f, sizes))))
+    for c, (f, guard) in enumerate(tl.steps()):
+      v = substitute(red.src[0], dict(zip(rr, split(f, sizes))), ("part", i, c))
       parts.append(v if guard is None else guard.where(v, identity(red)))
     partial = combine(red.arg, parts) if tl.loop is None else UOp(Ops.REDUCE, red.dtype, (parts[0], tl.loop), red.arg)
     replace[red] = UOp(Ops.BARRIER, red.dtype, (partial,), red.arg)
@@ -273,9 +283,9 @@ def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UO
   if not cols: stores = [_gate(st, lidx < 1) for st in sink.src]
   else:
     tl = ThreadLoop(math.prod(csizes), threads, lidx, ("out", len(outs), "thread"))
-    for f, guard in tl.steps():
+    for c, (f, guard) in enumerate(tl.steps()):
       sub = dict(zip(cols, split(f, csizes)))
-      stores += [_gate(substitute(st, sub), guard) for st in sink.src]
+      stores += [_gate(substitute(st, sub, ("col", c)), guard) for st in sink.src]
   return substitute(sink.replace(src=tuple(stores)), replace, top_down=True)
 
 

@@ -38,6 +38,7 @@ def programs():
     [x.softmax(1), x.log_softmax(0), x.layernorm(), big.softmax(1), odd.layernorm(), big.layernorm()],
     [x @ y.T, x[::2, 3:40:3].flip(0).pad(((1, 2), (0, 1))), x.reshape(48, 32).permute(1, 0).contiguous() * 2],
     [img.conv2d(w, padding=1), img.max_pool2d(2), img.avg_pool2d(3)],
+    [(att := t(2, 130, 16)) @ att.transpose(-1, -2) / 4, ((att @ att.transpose(-1, -2)).softmax(-1) @ att)],
     [x.half() * 2, x.half().sum(1), x.half().max(1), x.int().sum(1), (x > 0).any(1), (x > 0).all(0),
      x.cast(np.int8).max(1), x.double().sum(0), x.long() + 3, Tensor.arange(1000, device="CPU").float().sum()],
     [Tensor.rand(64, 33, seed=1, device="CPU"), Tensor.eye(5, device="CPU")],
