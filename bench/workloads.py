@@ -199,6 +199,10 @@ def torch_runner(w: Workload, arrays, device: str, compiled: bool = False):
   import torch
   torch.set_grad_enabled(False)
   tdev = "cuda" if device == "CUDA" else "cpu"
+  if tdev == "cuda":
+    # float32 stays float32 (IEEE, like Graft's kernels): no TF32 in cuBLAS or cuDNN, which would also fail the check
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
   ts = [torch.from_numpy(a).to(tdev) for a in arrays]
   fn = torch.compile(w.torch) if compiled else w.torch
   if tdev == "cpu":
