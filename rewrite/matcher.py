@@ -99,11 +99,7 @@ class _Codegen:
 
   def const(self, value) -> str:
     # one global name per distinct object (an op, a dtype, an arg), shared by every rule of the function
-    ids = self.consts.setdefault("__ids__", {})
-    if (key := ids.get(id(value))) is not None: return key
-    key = ids[id(value)] = f"_k{len(ids)}"
-    self.consts[key] = value
-    return key
+    return _kname(self.consts, value)
 
   def var(self) -> str:
     self.nvars += 1
@@ -188,12 +184,15 @@ def _choices(p: UPat) -> list[list[tuple[int, ...]]]:
   return out
 
 
-def _straight(cg: _Codegen, alt: UPat, perms: list[tuple[int, ...]], top: list[tuple[str, str]] | None) -> tuple[list[str], dict[str, str]]:
-  """Conditions (in evaluation order) for node `u` to match `alt` under one choice of orderings, and the names bound.
+def _straight(cg: _Codegen, alt: UPat, perms: list[tuple[int, ...]], top: list[tuple[str, str]] | None) \
+    -> tuple[list[str], dict[str, str], dict[str, frozenset]]:
+  """Conditions (in evaluation order) for node `u` to match `alt` under one choice of orderings, the names bound, and
+  the ops required of the root's sources (op expression -> ops), which the caller tests by branching.
 
   `top` gives, when the caller has unpacked the root's sources, an (expression, op expression) per source; the
   length of the root's source tuple is then already known to fit."""
   conds: list[str] = []
+  reqs: dict[str, frozenset] = {}
   bound: dict[str, str] = {}
   perm_iter = iter(perms)
   # pre-order permutation choices are consumed in the same order _choices produced them
@@ -228,8 +227,9 @@ def _straight(cg: _Codegen, alt: UPat, perms: list[tuple[int, ...]], top: list[t
       nonlocal pending
       if pending: pending = False; return f"({nv} := {v})"
       return nv
-    if q.op is not None and not is_root:
-      ox = opx if opx is not None else f"{node()}.op"
+    if q.op is not None and not is_root and opx is not None: reqs[opx] = q.op
+    elif q.op is not None and not is_root:
+      ox = f"{node()}.op"
       if len(q.op) == 1: conds.append(f"{ox} is {cg.const(next(iter(q.op)))}")
       else: conds.append(f"{ox} in {cg.const(q.op)}")
     if q.dtype is not None:
@@ -240,7 +240,59 @@ def _straight(cg: _Codegen, alt: UPat, perms: list[tuple[int, ...]], top: list[t
       if q.name in bound: conds.append(f"{node()} is {bound[q.name]}")
       else: bound[q.name] = v if pending else nv
     if q.src is not None: queue.append((q, v if pending else nv, opx, is_root, True))
-  return conds, bound
+  return conds, bound, reqs
+
+
+def _branch(items: list[tuple[dict[str, frozenset], Callable[[int], list[str]]]], depth: int, lines: list[str], consts: dict,
+            flat: bool = False):
+  """Emit items (in order) as a decision tree on the ops of the unpacked sources.
+
+  An op variable holds one op, so items that require different ops of it exclude each other: branching on it (`if
+  o1 is CONST: ... elif o1 is ADD: ...`) sends a node only through the items that can match it, each branch keeping
+  the items' order and also holding every item that does not care about that variable."""
+  pad = "  " * depth
+  counts: dict[str, int] = {}
+  for reqs, _ in items:
+    for v in reqs: counts[v] = counts.get(v, 0) + 1
+  if flat or not counts or len(items) < 2:
+    last_note = None
+    for reqs, render in items:
+      if reqs:  # a lone item tests its ops inline
+        tests = [f"{v} is {_kname(consts, next(iter(ops)))}" if len(ops) == 1 else f"{v} in {_kname(consts, ops)}" for v, ops in reqs.items()]
+        lines.append(f"{pad}if {' and '.join(tests)}:")
+        lines.extend(render(depth + 1))
+      else:
+        code = render(depth)
+        # a rule's orderings come one after another: name the rule once
+        if code[0].lstrip().startswith("#"):
+          if code[0] == last_note: code = code[1:]
+          else: last_note = code[0]
+        lines.extend(code)
+    return
+  var = max(counts, key=lambda v: (counts[v], v))
+  ops: list = []
+  for reqs, _ in items:
+    for o in sorted(reqs.get(var, ()), key=lambda o: o.value):
+      if o not in ops: ops.append(o)
+  # items indifferent to var are copied into every branch; where that would multiply the code, test inline instead
+  copies = sum(1 for reqs, _ in items if var not in reqs) * len(ops) + len(items)
+  if copies > max(4 * len(items), 32): return _branch([(reqs, r) for reqs, r in items], depth, lines, consts, flat=True)
+  for i, o in enumerate(ops):
+    sub = [({v: r for v, r in reqs.items() if v != var}, render) for reqs, render in items if var not in reqs or o in reqs[var]]
+    lines.append(f"{pad}{'if' if i == 0 else 'elif'} {var} is {_kname(consts, o)}:")
+    _branch(sub, depth + 1, lines, consts)
+  rest = [(reqs, render) for reqs, render in items if var not in reqs]
+  if rest:
+    lines.append(f"{pad}else:")
+    _branch(rest, depth + 1, lines, consts)
+
+
+def _kname(consts: dict, value) -> str:
+  ids = consts.setdefault("__ids__", {})
+  if (key := ids.get(id(value))) is not None: return key
+  key = ids[id(value)] = f"_k{len(ids)}"
+  consts[key] = value
+  return key
 
 
 def _call_args(rule: Rule, bound: dict[str, str]) -> str:
@@ -289,6 +341,12 @@ class PatternMatcher:
     self.rules_for = by_op
     self._sources: dict[Ops, str] = {}
     self.dispatch: dict[Ops, Callable] = {op: self._compile_op(op, rules, timed=False) for op, rules in by_op.items()}
+    get = self.dispatch.get
+    def rewrite(u, ctx=None):
+      fn = get(u.op)
+      return None if fn is None else fn(u, ctx)
+    rewrite.__doc__ = PatternMatcher.rewrite.__doc__
+    self.rewrite = rewrite  # a plain function: calling it skips the attribute lookups of the method (hot in loops)
     self._timed: dict[Ops, list[tuple[Rule, Callable]]] | None = None
 
   def _compile_op(self, op: Ops, rules: list[Rule], timed: bool) -> Callable:
@@ -311,25 +369,36 @@ class PatternMatcher:
     lines = ["def match(u, ctx):"]
     nvar = [0]
     def emit_entries(depth: int, k: int | None, top: list[tuple[str, str]] | None):
+      # each item: (ops required of the unpacked sources, a function depth -> code lines)
+      items: list[tuple[dict[str, frozenset], Callable[[int], list[str]]]] = []
       for ri, rule, alt in entries:
         if not fits(alt, k): continue
-        pad = "  " * depth
         cg = _Codegen(consts, f"r{ri}_")
         cg.nvars = nvar[0]
-        lines.append(f"{pad}# {rule.name}  ({rule.location})")
+        note = f"# {rule.name}  ({rule.location})"
         if _orderings(alt) <= _MAX_ORDERINGS:
-          for perms in _choices(alt):
-            conds, bound = _straight(cg, alt, perms, top if fixed_len(alt) == k or (alt.allow_any_len and alt.src is not None) else None)
-            call = f"{pad}{'  ' if conds else ''}if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r"
-            if conds: lines.append(f"{pad}if {' and '.join(conds)}:")
-            lines.append(call)
+          use_top = top if fixed_len(alt) == k or (alt.allow_any_len and alt.src is not None) else None
+          for pi, perms in enumerate(_choices(alt)):
+            conds, bound, reqs = _straight(cg, alt, perms, use_top)
+            call = f"if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r"
+            def render(d: int, conds=conds, call=call, note=note) -> list[str]:
+              pad = "  " * d
+              out = [pad + note] if note else []
+              if conds: return out + [f"{pad}if {' and '.join(conds)}:", f"{pad}  {call}"]
+              return out + [pad + call]
+            items.append((reqs, render))
         else:
-          cg.emit(depth, f"for _ in _ONCE:")
-          bound: dict[str, str] = {}
-          d = cg.pattern(alt, "u", depth + 1, "break", bound, skip_op=True, each=set())
-          cg.emit(d, f"if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r")
-          lines.extend(cg.lines)
+          def render(d: int, ri=ri, rule=rule, alt=alt, note=note) -> list[str]:
+            cg = _Codegen(consts, f"r{ri}_")
+            cg.emit(d, note)
+            cg.emit(d, "for _ in _ONCE:")
+            bound: dict[str, str] = {}
+            end = cg.pattern(alt, "u", d + 1, "break", bound, skip_op=True, each=set())
+            cg.emit(end, f"if (r := _fn{ri}({_call_args(rule, bound)})) is not None: return r")
+            return cg.lines
+          items.append(({}, render))
         nvar[0] = cg.nvars
+      _branch(items, depth, lines, consts)
     if counts:
       lines.append("  s = u.src")
       lines.append("  n = len(s)")
