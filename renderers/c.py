@@ -60,8 +60,10 @@ def _loop(ctx: RenderContext, r: UOp) -> str:
   head = f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
   mark = r.arg[-1]
   if mark == "parallel": return f"#pragma omp parallel for\n{head}"
-  if mark == "simd" and (red := ctx.accumulators.get(r)) is not None:
-    return f"#pragma omp simd reduction({'+' if red.arg is Ops.ADD else 'max'}:{ctx.names[red]})\n{head}"
+  if mark == "simd" and (reds := ctx.accumulators.get(r)):
+    clauses = [f"reduction({sym}:{', '.join(ctx.names[x] for x in reds if x.arg is op)})"
+               for op, sym in ((Ops.ADD, "+"), (Ops.MAX, "max")) if any(x.arg is op for x in reds)]
+    return f"#pragma omp simd {' '.join(clauses)}\n{head}"
   return head
 
 

@@ -51,7 +51,7 @@ class Language:
 class RenderContext:
   lang: Language
   names: dict[UOp, str] = field(default_factory=dict)
-  accumulators: dict[UOp, UOp] = field(default_factory=dict)  # innermost loop of a reduction -> the REDUCE
+  accumulators: dict[UOp, list[UOp]] = field(default_factory=dict)  # innermost loop of reductions -> the REDUCEs
   def __getitem__(self, u: UOp) -> str:
     # constants are not in the instruction list: each is its literal
     if u.op is Ops.CONST and u not in self.names: self.names[u] = self.lang.literal(u.dtype, u.arg)
@@ -139,7 +139,7 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
   depth = 1
   for i, u in enumerate(linear.src):
     if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
-    elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators[u.src[0].src[-1]] = u.src[0]
+    elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators.setdefault(u.src[0].src[-1], []).append(u.src[0])
     elif u.op is Ops.REDUCE: continue  # its value is its accumulator, named at DEFINE_ACC
     text = rules.rewrite(u, ctx)
     if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")

@@ -11,6 +11,7 @@ exactly the loops whose indices it uses (so loop-invariant work is hoisted), and
 the REDUCE itself (its result) after the loops.
 """
 from __future__ import annotations
+import itertools
 from dataclasses import dataclass
 from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
 from .symbolic import terms_of
@@ -85,6 +86,40 @@ def accumulate_in_memory(ctx: OptContext, store: UOp, idx: UOp, value: UOp) -> U
   return store.replace(src=(idx, not_last.where(partial, final)))
 
 
+# ---- dot products: a tile of outputs shares its loads ----
+UPCAST = 4
+
+
+def upcast_outputs(ctx: OptContext, sink: UOp) -> UOp | None:
+  """A store of a reduction along contiguous memory (a dot product: x @ w.T, q @ k.T) computes a tile of UPCAST x
+  UPCAST outputs at once: each output loop that some load does not depend on is split into loop*UPCAST + copy, and
+  the copies, sharing the reduction loop, share the loads that do not move with them (hash-consing merges them)."""
+  if not ctx.parallel or sink.arg == "linear" or any(n.op is Ops.RANGE and "up" in n.arg for n in sink.toposort): return None
+  stores = []
+  for st in sink.src:
+    reduces = [n for n in st.src[1].toposort if n.op is Ops.REDUCE] if st.op is Ops.STORE else []
+    tiled = _tile(st, reduces[0]) if len(reduces) == 1 else None
+    stores += tiled if tiled else [st]
+  return None if len(stores) == len(sink.src) else sink.replace(src=tuple(stores))
+
+
+def _tile(st: UOp, red: UOp) -> list[UOp] | None:
+  if red.arg is not Ops.ADD or not red.dtype.is_float or any(r.arg[0] != "reduce" for r in red.src[1:]): return None
+  loads = [n.src[0].src[1] for n in red.src[0].toposort if n.op is Ops.LOAD]
+  k = red.src[-1]
+  if not any(_coefficient(i, k) == 1 for i in loads): return None
+  outs = sorted((n for n in st.src[0].toposort if n.op is Ops.RANGE and n.arg[0] == "out"), key=nesting_key)
+  chosen = [r for r in outs if r.src[0].arg % UPCAST == 0 and r.src[0].arg >= 2 * UPCAST and
+            any(r not in i.toposort for i in loads)][-2:]
+  if not chosen: return None
+  split = {r: UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, r.src[0].arg // UPCAST),), r.arg + ("up",)) for r in chosen}
+  tiles = []
+  for copies in itertools.product(range(UPCAST), repeat=len(chosen)):
+    sub = {r: split[r] * UPCAST + c for r, c in zip(chosen, copies)}
+    tiles.append(graph_rewrite(st, PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: sub.get(r))]), name="opt.upcast"))
+  return tiles
+
+
 @dataclass
 class OptContext:
   parallel_threshold: int = 1 << 15   # iterations below which starting threads costs more than it saves
@@ -111,6 +146,7 @@ def mark_loops(ctx: OptContext, sink: UOp) -> UOp | None:
 
 opt_rules = PatternMatcher([
   (UPat(Ops.STORE, name="store", src=(UPat(Ops.INDEX, name="idx"), UPat.var("value"))), accumulate_in_memory),
+  (UPat(Ops.SINK, name="sink"), upcast_outputs),
   (UPat(Ops.SINK, name="sink"), lambda ctx, sink: None if sink.arg == "linear" else mark_loops(ctx, sink)),
 ], name="opt")
 
@@ -127,7 +163,13 @@ def linear_order(sink: UOp) -> UOp | None:
       outer = [q for q in rs if nesting_key(q) < nesting_key(r)]
       cand = max(outer, key=nesting_key, default=None)
       if r not in parent or (cand is not None and (parent[r] is None or nesting_key(cand) > nesting_key(parent[r]))): parent[r] = cand
-  reduce_of = {r: red for red in sink.toposort if red.op is Ops.REDUCE for r in red.src[1:]}
+  # reductions over the same loops share them (an unrolled tile of outputs): one loop, one accumulator each
+  group_of: dict[UOp, tuple[UOp, ...]] = {}
+  groups: dict[tuple[UOp, ...], list[UOp]] = {}
+  for red in sink.toposort:
+    if red.op is not Ops.REDUCE: continue
+    groups.setdefault(red.src[1:], []).append(red)
+    for r in red.src[1:]: group_of[r] = red.src[1:]
   body: dict[UOp | None, list[UOp]] = {None: []}
   for n in sink.toposort:
     if n.op in (Ops.CONST, Ops.SINK) or n.op is Ops.RANGE: continue
@@ -136,20 +178,31 @@ def linear_order(sink: UOp) -> UOp | None:
   for r in sorted(parent, key=nesting_key): children.setdefault(parent[r], []).append(r)
 
   out: list[UOp] = []
+  opened: set[tuple[UOp, ...]] = set()
+  emitted: set[UOp] = set()
   def emit_loop(r: UOp):
     out.append(r)
     emit_block(r)
-    red = reduce_of.get(r)
-    if red is not None and r is red.src[-1]: out.append(UOp(Ops.ASSIGN, red.dtype, (red,)))
+    if r in group_of and r is group_of[r][-1]: out.extend(UOp(Ops.ASSIGN, red.dtype, (red,)) for red in groups[group_of[r]])
     out.append(UOp(Ops.END, src=(r,)))
   def emit_block(b: UOp | None):
     # loops of a reduction open where it is; another loop of the same reduction nests here; output loops come last
-    later = [c for c in children.get(b, []) if c not in reduce_of or (b is not None and reduce_of.get(b) is reduce_of[c])]
-    for n in body.get(b, []):
-      if n.op is Ops.REDUCE:
-        out.append(UOp(Ops.DEFINE_ACC, n.dtype, (n,)))
+    later = [c for c in children.get(b, []) if c not in group_of or (b is not None and group_of.get(b) == group_of[c])]
+    nodes = body.get(b, [])
+    here = set(nodes)
+    def emit(n: UOp):
+      if n in emitted: return
+      if n.op is Ops.REDUCE and n.src[1:] not in opened:
+        opened.add(n.src[1:])
+        # what any reduction of the group needs from this block comes before their shared loop (sources first)
+        for red in groups[n.src[1:]]:
+          for d in red.src[0].toposort:
+            if d in here: emit(d)
+        out.extend(UOp(Ops.DEFINE_ACC, red.dtype, (red,)) for red in groups[n.src[1:]])
         emit_loop(n.src[1])
+      emitted.add(n)
       out.append(n)
+    for n in nodes: emit(n)
     for c in later: emit_loop(c)
   emit_block(None)
   return UOp(Ops.SINK, sink.dtype, tuple(out), "linear")

@@ -39,14 +39,7 @@ def is_buffer_view(u: UOp) -> bool:
 
 def holds_reduction(u: UOp) -> bool:
   """u computes a reduction itself, not behind a buffer."""
-  stack, seen = [u], set()
-  while stack:
-    n = stack.pop()
-    if n in seen or n.op in (Ops.BUFFER, Ops.CONTIGUOUS): continue
-    seen.add(n)
-    if n.op is Ops.REDUCE_AXIS: return True
-    stack.extend(n.src)
-  return False
+  return any(n.op is Ops.REDUCE_AXIS for n in _unrealized(u))
 
 
 def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(view.shape, view.strides))
@@ -79,6 +72,35 @@ def _realize_before_expand(v: UOp, x: UOp) -> UOp | None:
   return v.replace(src=(decide(x, "a reduction read through an expand, computed once"),))
 
 
+def _realize_reduction_inputs(r: UOp, x: UOp) -> UOp | None:
+  # a reduction inside another is recomputed for every step of the outer one (attention's scores, once per max,
+  # once per sum, once per output): computed once into a buffer instead
+  inner = [n for n in _unrealized(x) if n.op is Ops.REDUCE_AXIS]
+  if not inner: return None
+  swap = {n: decide(n, "a reduction read by another reduction, computed once") for n in inner}
+  return r.replace(src=(substitute(x, swap),))
+
+
+def substitute(root: UOp, swap: dict[UOp, UOp]) -> UOp:
+  """root with each node of `swap` replaced, where the replacement may contain the node it replaces."""
+  if root in swap: return swap[root]
+  replacements = set(swap.values())
+  users_of_swapped = PatternMatcher([(UPat(name="p"), lambda p: p.replace(src=tuple(swap.get(s, s) for s in p.src))
+                                      if p not in replacements and any(s in swap for s in p.src) else None)])
+  return graph_rewrite(root, users_of_swapped, name="substitute")
+
+
+def _unrealized(u: UOp) -> list[UOp]:
+  """The nodes of u's graph not behind a buffer or a CONTIGUOUS."""
+  stack, seen, out = [u], set(), []
+  while stack:
+    n = stack.pop()
+    if n in seen or n.op in (Ops.BUFFER, Ops.CONTIGUOUS): continue
+    seen.add(n); out.append(n)
+    stack.extend(n.src)
+  return out
+
+
 def _realize_copy_source(c: UOp, x: UOp) -> UOp | None:
   if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
   return c.replace(src=(decide(x, "the source of a copy between devices", c.arg[0]),))
@@ -92,6 +114,8 @@ realize_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x),
   # a reduction read through an expand is computed once, into a buffer
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
+  # and so is a reduction that feeds another
+  (UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(name="x"),)), _realize_reduction_inputs),
   # a copy between devices reads a buffer
   (UPat(Ops.COPY, name="c", src=(UPat(name="x"),)), _realize_copy_source),
 ], name="realize")
