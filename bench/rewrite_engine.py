@@ -12,7 +12,9 @@ Rows:
 
 Both engines get the same graphs (each built with that engine's own UOp from one seeded description) and the same
 rules (written once below against a small adapter that names each engine's UOp, UPat and ops). Every figure is
-the median of several repeats; the ratio is Graft's rate over tinygrad's.
+the median of several repeats, the engines taking turns so that a change in the machine's load hits both; the
+ratio is Graft's rate over tinygrad's. Graft's graph_rewrite pauses Python's cyclic garbage collector while it
+runs (see rewrite/graph_rewrite.py); tinygrad's does not.
 """
 from __future__ import annotations
 import argparse, gc, os, random, statistics, sys, time
@@ -190,12 +192,14 @@ def topo_list(u) -> list: return list(u.toposort() if callable(u.toposort) else 
 
 # ---- measurement ----
 
-def median_time(fn, repeats: int) -> float:
-  times = []
+def timed_alternately(fns: list, repeats: int) -> list[float]:
+  """Median seconds of each function; repeats alternate between them, so that a change in machine load hits all."""
+  times: list[list[float]] = [[] for _ in fns]
   for _ in range(repeats):
-    gc.collect()
-    t0 = time.perf_counter(); fn(); times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+    for fn, ts in zip(fns, times):
+      gc.collect()
+      t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+  return [statistics.median(ts) for ts in times]
 
 
 _COUNTED = [0]
@@ -208,48 +212,49 @@ def _counting(fn):
   return counted
 
 
-def run_engine(E, sizes: SimpleNamespace, repeats: int) -> dict:
-  res: dict[str, float] = {}
+def run(engines: list, sizes: SimpleNamespace, repeats: int) -> list[dict]:
+  res: list[dict] = [{} for _ in engines]
   # (a) dispatch
-  root = build_dag(E, dag_description(sizes.dag))
-  nodes = topo_list(root)
-  pm = E.PatternMatcher(dispatch_rules(E))
-  rewrite = pm.rewrite
-  def raw():
+  dag = dag_description(sizes.dag)
+  roots = [build_dag(E, dag) for E in engines]
+  nodes = [topo_list(r) for r in roots]
+  pms = [E.PatternMatcher(dispatch_rules(E)) for E in engines]
+  def raw(nodes, rewrite):
     for n in nodes: rewrite(n)
-  raw()
-  res["raw"] = len(nodes) / median_time(raw, repeats)
-  E.graph_rewrite(root, pm)
-  res["gr"] = len(nodes) / median_time(lambda: E.graph_rewrite(root, pm), repeats)
-  res["dag_nodes"] = len(nodes)
-  del root, nodes
+  raws = [lambda ns=ns, pm=pm: raw(ns, pm.rewrite) for ns, pm in zip(nodes, pms)]
+  grs = [lambda E=E, root=root, pm=pm: E.graph_rewrite(root, pm) for E, root, pm in zip(engines, roots, pms)]
+  for f in raws + grs: f()  # warm up: compile on first use, caches
+  for r, ns, t_raw, t_gr in zip(res, nodes, timed_alternately(raws, repeats), timed_alternately(grs, repeats)):
+    r["raw"], r["gr"], r["dag_nodes"] = len(ns) / t_raw, len(ns) / t_gr, len(ns)
+  del roots, nodes, pms, raws, grs
   # (b) rewrite
   rng = random.Random(2)
-  exprs = [build_expr(E, expr_description(rng, 8)) for _ in range(sizes.exprs)]
-  spm = E.PatternMatcher(simplify_rules(E))
-  _COUNTED[0] = 0
-  cpm = E.PatternMatcher([(p, _counting(f)) for p, f in simplify_rules(E)])
-  outs = [E.graph_rewrite(e, cpm) for e in exprs]  # one counting pass (untimed) for the number of rewrites
-  res["rewrites"] = _COUNTED[0]
-  res["shapes"] = [shape_of(o) for o in outs[:200]]
-  res["nodes_in"] = sum(len(topo_list(e)) for e in exprs)
-  res["nodes_out"] = sum(len(topo_list(o)) for o in outs)
-  del outs
-  t = median_time(lambda: [E.graph_rewrite(e, spm) for e in exprs], repeats)
-  res["rw/s"], res["expr/s"] = res["rewrites"] / t, len(exprs) / t
-  del exprs
+  descs = [expr_description(rng, 8) for _ in range(sizes.exprs)]
+  exprs = [[build_expr(E, d) for d in descs] for E in engines]
+  spms = [E.PatternMatcher(simplify_rules(E)) for E in engines]
+  for r, E, es in zip(res, engines, exprs):
+    _COUNTED[0] = 0
+    cpm = E.PatternMatcher([(p, _counting(f)) for p, f in simplify_rules(E)])
+    outs = [E.graph_rewrite(e, cpm) for e in es]  # one counting pass (untimed) for the number of rewrites
+    r["rewrites"] = _COUNTED[0]
+    r["shapes"] = [shape_of(o) for o in outs[:200]]
+    r["nodes_in"] = sum(len(topo_list(e)) for e in es)
+    r["nodes_out"] = sum(len(topo_list(o)) for o in outs)
+  fns = [lambda E=E, es=es, pm=pm: [E.graph_rewrite(e, pm) for e in es] for E, es, pm in zip(engines, exprs, spms)]
+  for r, t in zip(res, timed_alternately(fns, repeats)): r["rw/s"], r["expr/s"] = r["rewrites"] / t, sizes.exprs / t
+  del exprs, fns
   # (c) build
-  U, O, dt = E.UOp, E.ops, E.int
   half = sizes.build // 2
-  def build(base=[0]):
-    base[0] += half  # new constants each repeat, so that every UOp is new
+  def build(E, base=[0]):
+    U, O, dt = E.UOp, E.ops, E.int
+    base[0] += half  # new constants each time, so that every UOp is new
     keep, prev = [], U(O.CONST, dt, (), -1)
     for i in range(base[0], base[0] + half):
       c = U(O.CONST, dt, (), i)
       keep.append(U(O.ADD, dt, (c, prev)))
       prev = c
     return keep
-  res["build"] = 2 * half / median_time(build, repeats)
+  for r, t in zip(res, timed_alternately([lambda E=E: build(E) for E in engines], repeats)): r["build"] = 2 * half / t
   return res
 
 
@@ -263,7 +268,7 @@ def main(argv=None):
     SimpleNamespace(dag=100_000, exprs=10_000, build=1_000_000)
   repeats = args.repeats or (1 if args.quick else 5)
   engines = [graft_engine()] + ([] if args.no_tinygrad else [e for e in [tinygrad_engine()] if e is not None])
-  results = [run_engine(E, sizes, repeats) for E in engines]
+  results = run(engines, sizes, repeats)
 
   from tabulate import tabulate
   g = results[0]

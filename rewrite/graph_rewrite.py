@@ -48,13 +48,87 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
   return out
 
 
+# Bottom-up rewriting recurses (a Python call per node is cheaper than driving an explicit stack) until this many
+# levels deep, then goes on iteratively from there: depth of the graph never meets the recursion limit. A
+# graph_rewrite called from inside a rule gets less, and deeper nesting none.
+RECURSION_BUDGET = (150, 40)
+_nesting = [0]
+
+
 def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: bool, stage: str) -> tuple[UOp, int]:
+  nesting = _nesting[0]
+  if top_down or nesting >= len(RECURSION_BUDGET): return _iterate(root, matcher, dispatch, ctx, top_down, stage, {}, {})
+  _nesting[0] = nesting + 1
+  try: return _recurse(root, matcher, dispatch, ctx, stage, RECURSION_BUDGET[nesting])
+  finally: _nesting[0] = nesting
+
+
+def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str, budget: int) -> tuple[UOp, int]:
+  """Bottom-up rewrite by recursion, handing subgraphs deeper than `budget` to _iterate (sharing its state)."""
+  done: dict[UOp, UOp] = {}
+  links: dict[UOp, tuple[UOp, UOp]] = {}  # node -> (its result, the node the rule fired on), while unfinished
+  done_get, get = done.get, dispatch.get
+  rewrites = 0
+
+  def visit(n: UOp, depth: int) -> UOp:
+    nonlocal rewrites
+    if (f := done_get(n)) is not None: return f
+    src = n.src
+    if src:
+      if depth >= budget:
+        f, k = _iterate(n, matcher, dispatch, ctx, False, stage, done, links)
+        rewrites += k
+        return f
+      d = depth + 1
+      if len(src) == 2: new_src = (visit(src[0], d), visit(src[1], d))
+      elif len(src) == 1: new_src = (visit(src[0], d),)
+      else:
+        new = []
+        for s in src: new.append(visit(s, d))
+        new_src = tuple(new)
+      if new_src == src: nn = n
+      else:
+        nn = _with_src(n, new_src)
+        if (f := done_get(nn)) is not None: done[n] = f; return f  # met elsewhere already: known
+    else: nn = n
+    if (fn := get(nn.op)) is None: r = None
+    else:
+      try: r = fn(nn, ctx)
+      except (RewriteLoopError, RuleError): raise
+      except Exception as e: raise _rule_error(matcher, nn, ctx, stage, e) from e
+    if r is None or r is nn:
+      done[n] = nn
+      if nn is not n: done[nn] = nn
+      return nn
+    # a rule rewrote nn (n, rebuilt) to r: n becomes what r becomes. While r is being finished, n is pending in
+    # links, where meeting it again means a cycle; a rewrite that grows forever recurses past the budget into
+    # _iterate, which counts the pending rewrites.
+    rewrites += 1
+    if (f := done_get(r)) is None:
+      if r is n or r is nn or r in links: _loop(matcher, ctx, stage, links, n)
+      links[n] = (r, nn)
+      f = visit(r, depth + 1)
+      del links[n]
+    done[n] = f
+    if nn is not n: done[nn] = f
+    return f
+
+  return visit(root, 0), rewrites
+
+
+def _rule_error(matcher: PatternMatcher, node: UOp, ctx, stage: str, e: Exception) -> RuleError:
+  rule = _failing_rule(matcher, node, ctx)
+  who = f"rule {rule.name} at {rule.location}" if rule else "a rule"
+  return RuleError(f"{who} raised {type(e).__name__}: {e}\n  in stage {stage!r} while matching {node!r}")
+
+
+def _iterate(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: bool, stage: str,
+             done: dict[UOp, UOp], links: dict[UOp, tuple[UOp, UOp]]) -> tuple[UOp, int]:
   # One explicit stack of nodes. A node stays on it until it is finished (in `done`): at its first visit it pushes
   # the sources not yet finished; once they are, it is rebuilt from their results and matched. What a rule returns
   # is finished on the spot when its sources are (the usual case: rules build on finished nodes); otherwise the
-  # node waits (in `links`) under its result on the stack, and takes what the result became.
-  done: dict[UOp, UOp] = {}
-  links: dict[UOp, tuple[UOp, UOp]] = {}    # node -> (its result, the node the rule fired on), while unfinished
+  # node waits (in `links`: node -> (its result, the node the rule fired on)) under its result on the stack, and
+  # takes what the result became. `done` and `links` may come from _recurse, which hands deep subgraphs here.
   lineage: dict[UOp, int] = {}              # top_down: how many growing rewrites led to a node
   tried: set[UOp] = set()                   # top_down: nodes already tried before their sources
   stack: list[UOp] = [root]
@@ -151,11 +225,7 @@ def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
       if nn is not n: done[nn] = f
       pop()
   except (RewriteLoopError, RuleError): raise
-  except Exception as e:
-    node = nn if nn is not None else n
-    rule = _failing_rule(matcher, node, ctx)
-    who = f"rule {rule.name} at {rule.location}" if rule else "a rule"
-    raise RuleError(f"{who} raised {type(e).__name__}: {e}\n  in stage {stage!r} while matching {node!r}") from e
+  except Exception as e: raise _rule_error(matcher, nn if nn is not None else n, ctx, stage, e) from e
   return done[root], rewrites
 
 

@@ -174,3 +174,11 @@ def test_the_garbage_collector_is_as_it_was_after_a_rewrite():
     graph_rewrite(x + 0, identities)
     assert not gc.isenabled()
   finally: gc.enable()
+
+
+def test_a_rule_may_run_a_graph_rewrite_of_its_own():
+  def simplify_inside(s): return UOp(Ops.NOOP, s.dtype, (graph_rewrite(s.src[0], identities),))
+  pm = PatternMatcher([(UPat(Ops.SINK, src=(UPat(Ops.ADD),), name="s"), simplify_inside)])
+  deep = x
+  for _ in range(3000): deep = deep + 0
+  assert graph_rewrite(UOp(Ops.SINK, src=(deep,)), pm) is UOp(Ops.NOOP, src=(x,))
