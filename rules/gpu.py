@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, graph_rewrite
 from .view import View, contiguous_strides
 from .realize import buffers_read, buffers_written
-from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
 from .views import view_rules

@@ -17,7 +17,7 @@ stores, unless one depends on the other (that would be a cycle): every refused m
 from __future__ import annotations
 import itertools, sys
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite
+from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
 from .view import View
 from .shapes import shape_of
 

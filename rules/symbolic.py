@@ -5,7 +5,6 @@ Contract: the result computes the same values as the input for every value of it
 comes out as sums of `term * constant`, with divisions and remainders removed wherever the bounds allow.
 """
 from __future__ import annotations
-import math
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 
 x, y, z = UPat.var("x"), UPat.var("y"), UPat.var("z")

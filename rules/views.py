@@ -6,7 +6,6 @@ stays where it is: padding an op's result is not padding its sources, exp(0) != 
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp
-from .view import View
 
 
 def merge_views(outer: UOp, inner: UOp, x: UOp) -> UOp | None:

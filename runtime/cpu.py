@@ -33,7 +33,7 @@ from typing import Any
 import cffi
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device
+from runtime.device import Allocator, CompileError, Device, run_compiler
 
 # no -ffast-math: results must match numpy bit for bit where C allows; errno is never read, so it can go
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
@@ -162,13 +162,7 @@ def machine_identity() -> str:
 
 def compile_c(cc: list[str], src: Path, out: Path) -> None:
   """The one compiler call: `src` (C with OpenMP) into the shared library `out`. Raises CompileError."""
-  cmd = [*cc, *CFLAGS, "-o", str(out), str(src), "-lm"]
-  try: r = subprocess.run(cmd, capture_output=True, text=True)
-  except OSError as e:
-    raise CompileError(f"cannot run the C compiler {cc[0]!r} on kernel source {src}: {e}") from None
-  if r.returncode != 0:
-    raise CompileError(f"C compiler failed (exit {r.returncode}) on kernel source {src}\n"
-                       f"command: {shlex.join(cmd)}\n{(r.stderr + r.stdout).strip()}")
+  run_compiler([*cc, *CFLAGS, "-o", str(out), str(src), "-lm"], "the C compiler", src)
 
 
 # ---------------------------------------------------------------- prototypes

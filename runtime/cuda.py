@@ -28,7 +28,6 @@ import functools
 import operator
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import threading
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device
+from runtime.device import Allocator, CompileError, Device, run_compiler
 
 LIBCUDA = "libcuda.so.1"  # the driver library's soname; a module attribute so tests can point it elsewhere
 NVCC_FLAGS = ("-cubin",)  # plus -arch=sm_XY; nothing that relaxes IEEE float semantics
@@ -180,13 +179,7 @@ def nvcc_identity(nvcc: str) -> str:
 
 def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> None:
   """The one compiler call: `src` (CUDA C++) into the cubin `out`. Raises CompileError with nvcc's message."""
-  cmd = [nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", str(out), str(src)]
-  try: r = subprocess.run(cmd, capture_output=True, text=True)
-  except OSError as e:
-    raise CompileError(f"cannot run nvcc ({nvcc}) on kernel source {src}: {e}") from None
-  if r.returncode != 0:
-    raise CompileError(f"nvcc failed (exit {r.returncode}) on kernel source {src}\ncommand: {shlex.join(cmd)}\n"
-                       f"{(r.stderr + r.stdout).strip()}")
+  run_compiler([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", str(out), str(src)], "nvcc", src)
 
 
 def cubin_path(source: str, arch: str) -> Path:

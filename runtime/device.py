@@ -5,14 +5,24 @@ A device owns an allocator, a renderer and a `build(source, names)` that turns o
 runtime/cuda.py) and are imported only when first asked for, so `DEVICE=CPU` never touches CUDA.
 """
 from __future__ import annotations
-import importlib
-import os
+import importlib, os, shlex, subprocess
 from collections import defaultdict
 from typing import Any, Callable
 
 # name -> (module, class): imported lazily, so a machine without CUDA can still use the CPU
 DEVICES: dict[str, tuple[str, str]] = {"CPU": ("runtime.cpu", "CPUDevice"), "CUDA": ("runtime.cuda", "CUDADevice")}
 _instances: dict[str, Device] = {}
+
+
+def run_compiler(cmd: list[str], what: str, src) -> None:
+  """Run one compiler command on kernel source `src`; a compiler that is missing or fails raises CompileError
+  carrying its own message, the command and the source's path."""
+  try: r = subprocess.run(cmd, capture_output=True, text=True)
+  except OSError as e:
+    raise CompileError(f"cannot run {what} {cmd[0]!r} on kernel source {src}: {e}") from None
+  if r.returncode != 0:
+    raise CompileError(f"{what} failed (exit {r.returncode}) on kernel source {src}\ncommand: {shlex.join(cmd)}\n"
+                       f"{(r.stderr + r.stdout).strip()}")
 
 
 class CompileError(RuntimeError):

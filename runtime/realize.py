@@ -194,8 +194,6 @@ def run_schedule(sched: Schedule) -> float:
       if dbg >= 2: print(f"  copy {src.device} -> {dst.device}  {src.nbytes / 1e6:.1f} MB  {dt * 1e3:.3f} ms")
     else:
       ck = step.kernel
-      dev = get_device(ck.device)
-      launch = getattr(ck.program, "launch_dims", None)
       dt = ck.program(*[b.handle for b in step.buffers], global_size=ck.global_size, local_size=ck.local_size,
                       wait=dbg >= 2) or 0.0
       if dbg >= 2:

@@ -1,6 +1,5 @@
 """How many kernels a program becomes, and why: the realize stage's decisions, seen from the Tensor API."""
 import numpy as np
-import pytest
 from rewrite import Ops
 from tensor import Tensor
 from runtime.realize import build_schedule

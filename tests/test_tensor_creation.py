@@ -4,17 +4,12 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 from rewrite import Ops
+from helpers import realize_and_check as check_all
 from tensor import Tensor, dtypes
 
 
 def realize_and_check(pairs, rtol=1e-6, atol=1e-6):
-  """Realize every tensor of `pairs` in one go (one compile for all their kernels), then compare each with numpy."""
-  Tensor.realize_all(*(t for t, _ in pairs))
-  for t, want in pairs:
-    want = np.asarray(want)
-    got = t.numpy()
-    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
-    assert_allclose(got, want, rtol=rtol, atol=atol)
+  return check_all(pairs, rtol=rtol, atol=atol)
 
 
 # ---- from data ----

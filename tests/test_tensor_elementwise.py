@@ -6,6 +6,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 from rewrite import Ops, GroupOp
+from helpers import realize_and_check as check_all
 from tensor import Tensor, dtypes
 
 rng = np.random.default_rng(0)
@@ -16,13 +17,7 @@ S = np.float32(1.75)                                        # for 0-d tensors
 
 
 def realize_and_check(pairs, rtol=1e-5, atol=1e-6):
-  """Realize every tensor of `pairs` in one go (one compile for all their kernels), then compare each with numpy."""
-  Tensor.realize_all(*(t for t, _ in pairs))
-  for i, (t, want) in enumerate(pairs):
-    want = np.asarray(want)
-    got = t.numpy()
-    assert got.shape == want.shape, f"pair {i}: shape {got.shape} != {want.shape}"
-    assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"pair {i}")
+  return check_all(pairs, rtol=rtol, atol=atol)
 
 
 def test_arithmetic_broadcasts_like_numpy():

@@ -6,6 +6,7 @@ import pytest
 from numpy.testing import assert_allclose
 
 from rewrite import Ops
+from helpers import realize_and_check as check_all
 from tensor import Tensor, dtypes
 
 X = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) - 7.5
@@ -13,14 +14,8 @@ M = np.arange(5 * 6, dtype=np.int32).reshape(5, 6)
 
 
 def realize_and_check(pairs):
-  """Realize every tensor of `pairs` in one go (one compile for all their kernels), then compare each with numpy
-  (exactly: movement moves values, it never computes them)."""
-  Tensor.realize_all(*(t for t, _ in pairs))
-  for i, (t, want) in enumerate(pairs):
-    want = np.asarray(want)
-    got = t.numpy()
-    assert got.shape == want.shape, f"pair {i}: shape {got.shape} != {want.shape}"
-    assert_allclose(got, want, rtol=0, atol=0, err_msg=f"pair {i}")
+  """Exactly: movement moves values, it never computes them."""
+  return check_all(pairs, rtol=0, atol=0)
 
 
 def test_reshape_permute_transpose_expand():

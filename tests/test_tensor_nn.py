@@ -3,9 +3,9 @@ conv2d (stride, padding, bias), max_pool2d and avg_pool2d; that matmul and conv2
 the errors of mismatched shapes."""
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose
 
 from rewrite import Ops
+from helpers import realize_and_check as check_all
 from tensor import Tensor, dtypes
 
 rng = np.random.default_rng(2)
@@ -15,13 +15,7 @@ def randn(*shape): return rng.standard_normal(shape).astype(np.float32)
 
 
 def realize_and_check(pairs, rtol=1e-4, atol=1e-5):
-  """Realize every tensor of `pairs` in one go (one compile for all their kernels), then compare each with numpy."""
-  Tensor.realize_all(*(t for t, _ in pairs))
-  for i, (t, want) in enumerate(pairs):
-    want = np.asarray(want)
-    got = t.numpy()
-    assert got.shape == want.shape, f"pair {i}: shape {got.shape} != {want.shape}"
-    assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"pair {i}")
+  return check_all(pairs, rtol=rtol, atol=atol)
 
 
 def test_matmul_follows_numpy():

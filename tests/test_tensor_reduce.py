@@ -2,9 +2,9 @@
 with and without keepdim, on odd shapes, size-1 dims, 0-d tensors and non-contiguous views."""
 import numpy as np
 import pytest
-from numpy.testing import assert_allclose
 
 from rewrite import Ops
+from helpers import realize_and_check as check_all
 from tensor import Tensor, dtypes, AxisError
 
 rng = np.random.default_rng(1)
@@ -14,13 +14,7 @@ I = rng.integers(-50, 50, (2, 7)).astype(np.int32)
 
 
 def realize_and_check(pairs, rtol=1e-5, atol=1e-5):
-  """Realize every tensor of `pairs` in one go (one compile for all their kernels), then compare each with numpy."""
-  Tensor.realize_all(*(t for t, _ in pairs))
-  for i, (t, want) in enumerate(pairs):
-    want = np.asarray(want)
-    got = t.numpy()
-    assert got.shape == want.shape, f"pair {i}: shape {got.shape} != {want.shape}"
-    assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"pair {i}")
+  return check_all(pairs, rtol=rtol, atol=atol)
 
 
 AXES = [None, 0, -1, (0, 2), (2, 0, 1), 1]

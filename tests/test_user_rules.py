@@ -2,7 +2,7 @@
 import os, subprocess, sys, textwrap
 import numpy as np
 import pytest
-from rewrite import UOp, UPat, PatternMatcher, Ops, RuleError
+from rewrite import UPat, PatternMatcher, Ops, RuleError
 from rules.pipeline import pipeline
 from tensor import Tensor
 

@@ -1,6 +1,6 @@
 """rewrite.verify: rules over integer and boolean arithmetic are checked for keeping meaning, by random evaluation."""
 import pytest
-from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, verify, VerifyError
+from rewrite import UPat, PatternMatcher, Ops, verify, VerifyError
 from rules.symbolic import symbolic_rules
 
 x, c = UPat.var("x"), UPat.cvar("c")
