@@ -220,12 +220,13 @@ def run(engines: list, sizes: SimpleNamespace, repeats: int) -> list[dict]:
   nodes = [topo_list(r) for r in roots]
   pms = [E.PatternMatcher(dispatch_rules(E)) for E in engines]
   def raw(nodes, rewrite):
-    for n in nodes: rewrite(n)
+    for _ in range(sizes.passes):  # a few passes, so that each timing is long enough to be steady
+      for n in nodes: rewrite(n)
   raws = [lambda ns=ns, pm=pm: raw(ns, pm.rewrite) for ns, pm in zip(nodes, pms)]
   grs = [lambda E=E, root=root, pm=pm: E.graph_rewrite(root, pm) for E, root, pm in zip(engines, roots, pms)]
   for f in raws + grs: f()  # warm up: compile on first use, caches
   for r, ns, t_raw, t_gr in zip(res, nodes, timed_alternately(raws, repeats), timed_alternately(grs, repeats)):
-    r["raw"], r["gr"], r["dag_nodes"] = len(ns) / t_raw, len(ns) / t_gr, len(ns)
+    r["raw"], r["gr"], r["dag_nodes"] = sizes.passes * len(ns) / t_raw, len(ns) / t_gr, len(ns)
   del roots, nodes, pms, raws, grs
   # (b) rewrite
   rng = random.Random(2)
@@ -264,8 +265,8 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=None)
   ap.add_argument("--no-tinygrad", action="store_true", help="measure Graft alone")
   args = ap.parse_args(argv)
-  sizes = SimpleNamespace(dag=5_000, exprs=300, build=50_000) if args.quick else \
-    SimpleNamespace(dag=100_000, exprs=10_000, build=1_000_000)
+  sizes = SimpleNamespace(dag=5_000, exprs=300, build=50_000, passes=1) if args.quick else \
+    SimpleNamespace(dag=100_000, exprs=10_000, build=1_000_000, passes=4)
   repeats = args.repeats or (1 if args.quick else 5)
   engines = [graft_engine()] + ([] if args.no_tinygrad else [e for e in [tinygrad_engine()] if e is not None])
   results = run(engines, sizes, repeats)

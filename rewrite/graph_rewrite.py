@@ -1,4 +1,12 @@
-"""graph_rewrite: apply a PatternMatcher everywhere in a graph until no rule matches (a fixed point)."""
+"""graph_rewrite: apply a PatternMatcher everywhere in a graph until no rule matches (a fixed point).
+
+Every node is finished once per call (memoized in `done`: node -> what it became). Bottom-up, a node is rebuilt
+from its finished sources and matched; what a rule returns is finished in turn, and the node becomes that. The
+driver recurses while the graph is shallow (cheapest in Python) and continues with an explicit stack below a depth
+budget, so depth never meets the recursion limit; top-down rewriting always uses the explicit stack. Termination
+is watched: a rewrite that returns to a node still waiting on its own rewrite is a cycle, and too many rewrites
+waiting on one another is a rewrite that grows forever; both raise RewriteLoopError naming the rules.
+"""
 from __future__ import annotations
 import gc, time
 from typing import Any
@@ -7,7 +15,7 @@ from .matcher import PatternMatcher, Rule
 from . import stats
 
 _gc_isenabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
-MAX_LINEAGE = 5000  # rewrites of one node and of what it became, before we call it a loop
+MAX_LINEAGE = 5000  # rewrites waiting on one another (or, top-down, growing rewrites in a row) before it is a loop
 
 
 class RewriteLoopError(RuntimeError):

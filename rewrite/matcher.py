@@ -1,12 +1,14 @@
 """PatternMatcher: rules `(UPat, function)`, indexed by root op and compiled into straight-line Python.
 
-Each root op gets one generated function holding the checks of every rule that can match it, in rule order, so
-that matching a node walks no pattern tree and makes no call until a rule's function runs. The generated source is
-kept (`PatternMatcher.source(op)`) for whoever wants to read it.
+Each root op gets one generated function holding the checks of every rule that can match it, so that matching a
+node walks no pattern tree and makes no call until a rule's function runs. Inside it, the node's sources are
+unpacked once for all rules, and the function branches on the ops of those sources (a decision tree that keeps
+the rules' order among the rules that can still match), so a node usually meets only the few rules that concern
+it. The generated source is kept (`PatternMatcher.source(op)`) for whoever wants to read it.
 """
 from __future__ import annotations
 import inspect, itertools, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 from .ops import Ops
 from .upat import UPat, _ANY, caller_location
@@ -401,9 +403,9 @@ class PatternMatcher:
       _branch(items, depth, lines, consts)
     if counts:
       lines.append("  s = u.src")
-      lines.append("  n = len(s)")
+      if len(counts) > 1: lines.append("  n = len(s)")
     for k in counts:
-      lines.append(f"  if n == {k}:")
+      lines.append(f"  if {'n' if len(counts) > 1 else 'len(s)'} == {k}:")
       top = None
       if 0 < k <= 4:
         names = [f"s{j}" for j in range(k)]
