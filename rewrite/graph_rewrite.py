@@ -102,7 +102,7 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
     if (fn := get(nn.op)) is None: r = None
     else:
       try: r = fn(nn, ctx)
-      except (RewriteLoopError, RuleError): raise
+      except (RewriteLoopError, RuleError, RecursionError): raise
       except Exception as e: raise _rule_error(matcher, nn, ctx, stage, e) from e
     if r is None or r is nn:
       done[n] = nn
@@ -121,7 +121,14 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
     if nn is not n: done[nn] = f
     return f
 
-  return visit(root, 0), rewrites
+  try: return visit(root, 0), rewrites
+  except RecursionError:
+    # the caller was already deep in the stack: finish iteratively. What is done stays done; the rewrites that were
+    # waiting are redone (their rules may run a second time), and a rule that recurses forever on its own raises
+    # again there, as a RuleError.
+    links.clear()
+    out, more = _iterate(root, matcher, dispatch, ctx, False, stage, done, links)
+    return out, rewrites + more
 
 
 def _rule_error(matcher: PatternMatcher, node: UOp, ctx, stage: str, e: Exception) -> RuleError:

@@ -182,3 +182,14 @@ def test_a_rule_may_run_a_graph_rewrite_of_its_own():
   deep = x
   for _ in range(3000): deep = deep + 0
   assert graph_rewrite(UOp(Ops.SINK, src=(deep,)), pm) is UOp(Ops.NOOP, src=(x,))
+
+
+def test_a_caller_deep_in_the_stack_still_gets_its_rewrite():
+  import inspect, sys
+  e = x
+  for _ in range(500): e = e + 0
+  limit = sys.getrecursionlimit()
+  sys.setrecursionlimit(len(inspect.stack(0)) + 60)  # less headroom than the rewrite would like to recurse into
+  try: out = graph_rewrite(e, identities)
+  finally: sys.setrecursionlimit(limit)
+  assert out is x
