@@ -17,7 +17,7 @@ ratio is Graft's rate over tinygrad's. Graft's graph_rewrite pauses Python's cyc
 runs (see rewrite/graph_rewrite.py); tinygrad's does not.
 """
 from __future__ import annotations
-import argparse, gc, os, random, statistics, sys, time
+import argparse, gc, os, platform, random, statistics, sys, time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +43,11 @@ def tinygrad_engine() -> SimpleNamespace | None:
   except ImportError: return None
   var = Ops.DEFINE_VAR if "DEFINE_VAR" in Ops.__members__ else Ops.PARAM  # 0.14 has no DEFINE_VAR; PARAM is a leaf too
   # tinygrad's default graph_rewrite rewrites sources before their users, as Graft's default does
-  return SimpleNamespace(name=f"tinygrad {getattr(tinygrad, '__version__', '')}".strip(), UOp=UOp, UPat=UPat,
+  try:
+    from importlib.metadata import version
+    name = f"tinygrad {version('tinygrad')}"
+  except Exception: name = "tinygrad"
+  return SimpleNamespace(name=name, UOp=UOp, UPat=UPat,
                          PatternMatcher=PatternMatcher, int=dtypes.int32, void=dtypes.void,
                          ops=SimpleNamespace(**{n: Ops[TINYGRAD_NAMES.get(n, n)] for n in OP_NAMES}, VAR=var),
                          graph_rewrite=lambda root, pm: graph_rewrite(root, pm))
@@ -281,14 +285,14 @@ def main(argv=None):
     ("(b) rewrite", "expressions/s", "expr/s"),
     (f"(c) build {sizes.build:,} UOps", "UOps/s", "build"),
   ]
-  headers = ["measure", "unit", "graft"] + ([t_name := engines[1].name, "graft / tinygrad"] if t else [])
+  headers = ["measure", "unit", "graft"] + ([engines[1].name, "graft / tinygrad"] if t else [])
   table = []
   for label, unit, key in rows:
     row = [label, unit, f"{g[key]:,.0f}"]
     if t: row += [f"{t[key]:,.0f}", f"{g[key] / t[key]:.2f}x"]
     table.append(row)
   print(tabulate(table, headers=headers, tablefmt="github"))
-  notes = [f"medians of {repeats} repeats; (b) {g['nodes_in']:,} nodes in, {g['nodes_out']:,} out"]
+  notes = [f"Python {platform.python_version()}, medians of {repeats} repeats; (b) {g['nodes_in']:,} nodes in, {g['nodes_out']:,} out"]
   if t:
     agree = sum(a == b for a, b in zip(g["shapes"], t["shapes"]))
     notes.append(f"results of (b) identical in both engines for {agree} of {len(g['shapes'])} expressions checked")
