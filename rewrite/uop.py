@@ -35,6 +35,7 @@ class UOp(_UOpFields):
   arg: Any
 
   def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    if src.__class__ is not tuple: src = tuple(src)  # a list would not hash, and must not be shared mutable
     key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
     if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
     u = _new_fields(_UOpFields)

@@ -96,6 +96,7 @@ def test_replace():
   e = x + y
   assert e.replace(op=Ops.MUL) is x * y
   assert e.replace(src=[y, x]) is y + x      # any sequence of sources becomes a tuple
+  assert UOp(Ops.ADD, dtypes.int32, [x, y]) is e
   assert e.replace() is e
   assert UOp.const(dtypes.int32, 1).replace(arg=2) is UOp.const(dtypes.int32, 2)
   with pytest.raises(TypeError, match="unknown fields"): e.replace(name="z")
