@@ -50,8 +50,8 @@ class UOp(_UOpFields):
     # runs for every node that dies: keep it short. The entry may already belong to a newer equal node (when the
     # cyclic collector cleared this one's weakref first), which must stay.
     try:
-      key = self._key
-      if (o := _cache[key]()) is self or o is None: del _cache[key]
+      ref = _cache.pop(key := self._key)  # one hash of the key; putting a newer node's entry back is the rare case
+      if (o := ref()) is not None and o is not self: _cache[key] = ref
     except Exception: pass  # interpreter shutdown, or a node that never finished construction
   def __reduce__(self):
     # The pickler recurses once per nesting level, so a deep graph pickles as a flat list of its deep nodes, sources
