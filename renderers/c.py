@@ -6,7 +6,7 @@ that gcc vectorizes it without licence to reorder anything else (no -ffast-math)
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
-from .cstyle import Language, RenderContext, cstyle_rules, render_kernel
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
 
 # exp2 and log2 of float written out branch-free, so that gcc vectorizes the loops that call them (libm's exp2f and
 # log2f are scalar calls without -ffast-math). Both are within 2 ulp of libm over the whole float range, and keep
@@ -63,12 +63,25 @@ def _loop(ctx: RenderContext, r: UOp) -> str:
   if mark == "simd" and (reds := ctx.accumulators.get(r)):
     clauses = [f"reduction({sym}:{', '.join(ctx.names[x] for x in reds if x.arg is op)})"
                for op, sym in ((Ops.ADD, "+"), (Ops.MAX, "max")) if any(x.arg is op for x in reds)]
+    if nan_flags := [f"{ctx.names[x]}_nan" for x in reds if _float_max(x)]: clauses.append(f"reduction(|:{', '.join(nan_flags)})")
     return f"#pragma omp simd {' '.join(clauses)}\n{head}"
   return head
 
 
+# A float max must give NaN when any element is NaN (as numpy does), but OpenMP's max reduction combines its vector
+# lanes with a plain comparison, which drops NaN. So each float max also ORs a flag of "saw a NaN" (a reduction the
+# vectorizer handles) and applies it after the loop.
+def _float_max(red: UOp) -> bool: return red.arg is Ops.MAX and red.dtype.is_float
+float_max = UPat(Ops.REDUCE, name="red", arg=Ops.MAX, dtype=(dtypes.float16, dtypes.float32, dtypes.float64))
+
+
 c_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), _loop),
+  (UPat(Ops.DEFINE_ACC, src=(float_max,)),
+   lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;"),
+  (UPat(Ops.ASSIGN, src=(float_max,)),
+   lambda ctx, red: (lambda acc, v: f"{acc} = ({v}>{acc})?{v}:{acc}; {acc}_nan |= ({v}!={v});")(ctx.names[red], ctx[red.src[0]])),
+  (float_max, lambda ctx, red: f"if ({ctx.names[red]}_nan) {ctx.names[red]} = NAN;"),
 ], name="render.c")
 
 

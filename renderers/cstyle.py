@@ -140,7 +140,9 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
   for i, u in enumerate(linear.src):
     if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
     elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators.setdefault(u.src[0].src[-1], []).append(u.src[0])
-    elif u.op is Ops.REDUCE: continue  # its value is its accumulator, named at DEFINE_ACC
+    elif u.op is Ops.REDUCE:  # its value is its accumulator, named at DEFINE_ACC; a target may finish it here
+      if (text := rules.rewrite(u, ctx)) is not None: lines.append("  " * depth + text)
+      continue
     text = rules.rewrite(u, ctx)
     if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")
     if u.op is Ops.END: depth -= 1

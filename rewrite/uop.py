@@ -306,7 +306,9 @@ def _bounds(u: UOp) -> tuple:
       c = s[1].arg
       if b[0][0] >= 0: return (b[0][0] % c, b[0][1] % c) if b[0][1] // c == b[0][0] // c else (0, c - 1)
       return (max(b[0][0], -(c - 1)), min(max(b[0][1], 0), c - 1))
-    if op is Ops.CAST: return (max(lo_t, _int_or(b[0][0], lo_t)), min(hi_t, _int_or(b[0][1], hi_t)))
+    if op is Ops.CAST:  # C wraps an integer that does not fit (and a float out of range is undefined): no bound then
+      lo, hi = _int_or(b[0][0], None), _int_or(b[0][1], None)
+      return (lo, hi) if lo is not None and hi is not None and lo_t <= lo and hi <= hi_t else (lo_t, hi_t)
     if op in (Ops.AND,) and b[0][0] >= 0 and b[1][0] >= 0: return (0, min(b[0][1], b[1][1]))
     return (lo_t, hi_t)
   return (dtypes.min(dt), dtypes.max(dt))

@@ -68,6 +68,7 @@ def _caller() -> str:
 @dataclass
 class Pipeline:
   stages: list[Stage] = field(default_factory=list)
+  version: int = 0  # bumped by every change: what was compiled by another version is not reused
 
   def __iter__(self): return iter(self.stages)
   def names(self) -> list[str]: return [s.name for s in self.stages]
@@ -88,6 +89,7 @@ class Pipeline:
                 applies=target.applies)
     if new.name in self.names(): raise ValueError(f"a stage named {new.name!r} exists already; pass name=")
     self.stages.insert(self.index(stage) + (where == "after"), new)
+    self.version += 1
     return new
 
   def replace(self, stage: str, rules: PatternMatcher) -> Stage:
@@ -95,9 +97,11 @@ class Pipeline:
     i = self.index(stage)
     old = self.stages[i]
     self.stages[i] = Stage(old.name, rules, old.scope, old.make_ctx, old.top_down, _caller(), old.applies)
+    self.version += 1
     return self.stages[i]
 
   def remove(self, stage: str) -> Stage:
+    self.version += 1
     return self.stages.pop(self.index(stage))
 
   def run(self, root: UOp, scope: str, run: Run) -> UOp:

@@ -1,9 +1,9 @@
 """Realization: which tensor-level nodes become buffers, and the kernels that fill them.
 
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
-`CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, and a computed value that
+`CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
 holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
-work). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
+work), and a reduction that feeds another reduction (it would be recomputed for every step of the outer one). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
@@ -62,8 +62,12 @@ def decide(x: UOp, why: str, device: str | None = None) -> UOp:
 
 
 def _realize_output(sink: UOp) -> UOp | None:
-  srcs = tuple(s if is_buffer_view(s) or s.op is Ops.CONTIGUOUS else decide(s, "an output of this realize", sink.arg[i])
-               for i, s in enumerate(sink.src))
+  def output(s: UOp, device: str) -> UOp:
+    if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
+    # a user's contiguous() that is an output still lives on the output's device
+    if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize"))
+    return decide(s, "an output of this realize", device)
+  srcs = tuple(output(s, sink.arg[i]) for i, s in enumerate(sink.src))
   return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
 
 

@@ -113,8 +113,8 @@ symbolic_rules = PatternMatcher([
   # constant folding (integers and booleans)
   (UPat(GroupOp.ALU, name="u", src=UPat(Ops.CONST)), fold_constants),
   # identities
-  (x + 0, lambda x: x),
-  (x * 1, lambda x: x),
+  (xi + 0, lambda x: x),  # integers only: for floats, -0.0 + 0 is +0.0
+  (x * 1, lambda x: x),   # exact for floats too, NaN and -0.0 included
   (xi * 0, lambda x: UOp.const(x.dtype, 0)),
   (x // 1, lambda x: x),
   (xi % 1, lambda x: UOp.const(x.dtype, 0)),

@@ -38,17 +38,21 @@ class CompiledKernel:
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
   """(arithmetic ops executed, bytes of the buffers touched once each): for DEBUG's rates."""
-  flops, trip, loops = 0, 1, []
+  flops, trips = 0, [1]  # iterations of each enclosing loop nest, innermost last (a loop may run 0 times)
   for u in linear.src:
-    if u.op is Ops.RANGE: loops.append(u.src[0].arg); trip *= u.src[0].arg
-    elif u.op is Ops.END: trip //= loops.pop()
+    trip = trips[-1]
+    if u.op is Ops.RANGE: trips.append(trip * u.src[0].arg)
+    elif u.op is Ops.END: trips.pop()
     elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip
     elif u.op is Ops.ASSIGN: flops += trip
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
-_kernels: dict[tuple[UOp, str], CompiledKernel] = {}
-_by_name: dict[tuple[str, str], CompiledKernel] = {}
+# compiled kernels by (normalized kernel, device, pipeline version) and by (name, device); a change to the pipeline
+# (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused
+_kernels: dict[tuple[UOp, str, int], CompiledKernel] = {}
+_by_name: dict[tuple[str, str, int], CompiledKernel] = {}
+MAX_KERNELS = 4096
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
@@ -122,7 +126,7 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
   structure, buffers = graph_key(uops)
-  key = (structure, tuple(devices), tuple(map(id, pipeline.stages)))
+  key = (structure, tuple(devices), pipeline.version)
   hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]): return _instantiate(hit[1])
@@ -153,32 +157,35 @@ def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
   plan = _Plan([], [(u.dtype, u.arg, ref(u.src[0])) for u in realized],
                run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) +
                (run.fuse.inlined if run.fuse else []))
+  # new kernels are published to the caches only once all of them are built: a failure leaves no half-made entry
+  new: dict[tuple, CompiledKernel] = {}
+  new_by_name: dict[tuple, CompiledKernel] = {}
   pending: dict[str, list[CompiledKernel]] = {}
   for k in kernels:
     if k.op is Ops.COPY:
       plan.steps.append((None, [ref(k.src[0]), ref(k.src[1])]))
       continue
     norm, bufs = normalize(k)
-    ck = _kernels.get((norm, k.arg))
+    key = (norm, k.arg, pipeline.version)
+    ck = _kernels.get(key) or new.get(key)
     if ck is None:
       ck = _compile(norm, bufs, k.arg)
       # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
       # to one text: one compiled function serves both
-      if (same := _by_name.get((ck.name, k.arg))) is not None: ck = same
+      name_key = (ck.name, k.arg, pipeline.version)
+      if (same := _by_name.get(name_key) or new_by_name.get(name_key)) is not None: ck = same
       else:
-        _by_name[(ck.name, k.arg)] = ck
+        new_by_name[name_key] = ck
         pending.setdefault(k.arg, []).append(ck)
-      _kernels[(norm, k.arg)] = ck
+      new[key] = ck
     plan.steps.append((ck, [ref(bufs[i]) for i in ck.args]))
   for device, cks in pending.items():
     dev = get_device(device)
-    try:
-      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
-    except Exception:
-      for key in [key for key, v in _kernels.items() if v in cks]: del _kernels[key]
-      for ck in cks: _by_name.pop((ck.name, ck.device), None)
-      raise
+    programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
     for ck in cks: ck.program = programs[ck.name]
+  if len(_kernels) + len(new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
+  _kernels.update(new)
+  _by_name.update(new_by_name)
   return plan
 
 

@@ -45,6 +45,9 @@ class ReduceMixin:
     return (self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "mean") / (n if n else math.nan)).cast(out)
 
   def max(self, axis=None, keepdim=False):
+    if any(self.shape[d] == 0 for d in normalize_axes(axis, self.shape, "max")):
+      raise ValueError(f"max/min/argmax over an empty axis of a tensor of shape {self.shape}: there is no value to "
+                       f"return (numpy raises too)")
     if self.dtype.is_bool: return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim, "max").cast(dtypes.bool)
     return self._reduce(Ops.MAX, axis, keepdim, "max")
 

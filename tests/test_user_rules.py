@@ -14,6 +14,7 @@ def restore_pipeline():
   saved = list(pipeline.stages)
   yield
   pipeline.stages[:] = saved
+  pipeline.version += 1  # kernels compiled by the modified pipeline are not reused
 
 
 def test_insert_before_and_after_a_stage(restore_pipeline):
