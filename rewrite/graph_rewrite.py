@@ -12,6 +12,7 @@ import gc, time
 from typing import Any
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
+from .upat import UPat
 from . import stats
 
 _gc_isenabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
@@ -290,3 +291,14 @@ def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
       return None
     out[op] = dispatch
   return out
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
+  """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
+  a replaced node are rebuilt over the replacement, nothing else changes."""
+  if not mapping: return root
+  if root in mapping: return mapping[root]
+  replacements = set(mapping.values())
+  rebuild = PatternMatcher([(UPat(name="u"), lambda u: u.replace(src=tuple(mapping.get(s, s) for s in u.src))
+                             if u not in replacements and any(s in mapping for s in u.src) else None)])
+  return graph_rewrite(root, rebuild, name=name)

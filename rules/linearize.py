@@ -13,7 +13,7 @@ the REDUCE itself (its result) after the loops.
 from __future__ import annotations
 import itertools
 from dataclasses import dataclass
-from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
+from rewrite import UOp, UPat, PatternMatcher, Ops, substitute
 from .symbolic import terms_of
 
 
@@ -69,9 +69,7 @@ def accumulate_in_memory(ctx: OptContext, store: UOp, idx: UOp, value: UOp) -> U
   moved = {k: k.replace(arg=("acc", pos - 1 + (m + 1) / (len(ks) + 1), k.arg)) for m, k in enumerate(ks)}
   # j gets a loop of its own inside the moved ones: another store of this kernel may share the old j
   moved[j] = j.replace(arg=j.arg + (("inside", ks[-1].arg),))
-  rename = PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: moved.get(r))])
-  val = graph_rewrite(red.src[0], rename, name="opt.move")
-  idx, value = graph_rewrite(idx, rename, name="opt.move"), graph_rewrite(value, rename, name="opt.move")
+  val, idx, value = (substitute(u, moved, "opt.move") for u in (red.src[0], idx, value))
   red = next(n for n in value.toposort if n.op is Ops.REDUCE)
   not_first, not_last = None, None
   for k in (moved[k] for k in ks):
@@ -82,7 +80,7 @@ def accumulate_in_memory(ctx: OptContext, store: UOp, idx: UOp, value: UOp) -> U
   before = not_first.where(UOp(Ops.LOAD, red.dtype, (idx, not_first)), identity)
   partial = UOp(red.arg, red.dtype, (before, val))
   if value is red: return store.replace(src=(idx, partial))
-  final = graph_rewrite(value, PatternMatcher([(UPat(Ops.REDUCE, name="x"), lambda x: partial if x is red else None)]), name="opt.move")
+  final = substitute(value, {red: partial}, "opt.move")
   return store.replace(src=(idx, not_last.where(partial, final)))
 
 
@@ -116,7 +114,7 @@ def _tile(st: UOp, red: UOp) -> list[UOp] | None:
   tiles = []
   for copies in itertools.product(range(UPCAST), repeat=len(chosen)):
     sub = {r: split[r] * UPCAST + c for r, c in zip(chosen, copies)}
-    tiles.append(graph_rewrite(st, PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: sub.get(r))]), name="opt.upcast"))
+    tiles.append(substitute(st, sub, "opt.upcast"))
   return tiles
 
 
@@ -141,7 +139,7 @@ def mark_loops(ctx: OptContext, sink: UOp) -> UOp | None:
   if not marks: marks = {all_ranges[0]: "serial"} if all_ranges else {}
   if not marks: return None
   swap = {r: r.replace(arg=r.arg + (m,)) for r, m in marks.items()}
-  return graph_rewrite(sink, PatternMatcher([(UPat(Ops.RANGE, name="r"), lambda r: swap.get(r))]), name="opt.mark")
+  return substitute(sink, swap, "opt.mark")
 
 
 opt_rules = PatternMatcher([

@@ -17,7 +17,7 @@ stores, unless one depends on the other (that would be a cycle): every refused m
 from __future__ import annotations
 import itertools, sys
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
+from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, substitute
 from .view import View
 from .shapes import shape_of
 
@@ -83,15 +83,6 @@ def _realize_reduction_inputs(r: UOp, x: UOp) -> UOp | None:
   if not inner: return None
   swap = {n: decide(n, "a reduction read by another reduction, computed once") for n in inner}
   return r.replace(src=(substitute(x, swap),))
-
-
-def substitute(root: UOp, swap: dict[UOp, UOp]) -> UOp:
-  """root with each node of `swap` replaced, where the replacement may contain the node it replaces."""
-  if root in swap: return swap[root]
-  replacements = set(swap.values())
-  users_of_swapped = PatternMatcher([(UPat(name="p"), lambda p: p.replace(src=tuple(swap.get(s, s) for s in p.src))
-                                      if p not in replacements and any(s in swap for s in p.src) else None)])
-  return graph_rewrite(root, users_of_swapped, name="substitute")
 
 
 def _unrealized(u: UOp) -> list[UOp]:
