@@ -53,7 +53,9 @@ class CLanguage(Language):
     return super().math(fn, dt)
 
 
-C = CLanguage(headers=Language().headers + (PRELUDE,))
+# gcc 12 does not vectorize some loops inside OpenMP's outlined parallel region (a convolution's inner loop gets "no
+# vectype"); the same loop in a function of its own does vectorize, so a parallel loop's body is one
+C = CLanguage(headers=Language().headers + (PRELUDE,), outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:

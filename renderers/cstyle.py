@@ -7,7 +7,7 @@ stage produced and lays the text out: loops open and close blocks, values that a
 variable of their own.
 """
 from __future__ import annotations
-import math
+import math, re
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, DType, PtrDType, dtypes
 
@@ -20,6 +20,7 @@ class Language:
   half: str = "_Float16"
   bool_type: str = "bool"
   infinity: str = "INFINITY"
+  outline_parallel: bool = False  # a parallel loop's body becomes a function of its own (see renderers/c.py)
   nan: str = "NAN"
   headers: tuple[str, ...] = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>")
 
@@ -136,6 +137,9 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
   if linear.arg != "linear": raise ValueError("render_kernel takes the output of the linearize stage")
   ctx = RenderContext(lang)
   lines: list[str] = []
+  helpers: list[str] = []
+  outer_vars: dict[str, str] = {}            # variables declared outside every loop -> their C type
+  outlining: tuple[UOp, int] | None = None   # the parallel loop being outlined, and where its body starts
   depth = 1
   for i, u in enumerate(linear.src):
     if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
@@ -146,12 +150,30 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
     text = rules.rewrite(u, ctx)
     if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")
     if u.op is Ops.END: depth -= 1
+    if outlining is not None and u.op is Ops.END and u.src[0] is outlining[0]:
+      body, lines[outlining[1]:] = lines[outlining[1]:], []
+      call = _outline(f"{name}_body{len(helpers)}", ctx[u.src[0]], body, outer_vars, kernel_params(linear, lang), helpers)
+      lines.append("  " * (depth + 1) + call)
+      outlining = None
     if u.op is Ops.RANGE or u.op in STATEMENTS:
       lines += ["  " * depth + t for t in text.split("\n")]
+      if depth == 1 and u.op is Ops.DEFINE_ACC: outer_vars[ctx.names[u.src[0]]] = lang.type(u.dtype)
     elif u.op in INLINE: ctx.names[u] = text
     else:
       ctx.names[u] = f"v{i}"
       lines.append(f"{'  ' * depth}{lang.type(u.dtype)} v{i} = {text};")
-    if u.op is Ops.RANGE: depth += 1
+      if depth == 1: outer_vars[f"v{i}"] = lang.type(u.dtype)
+    if u.op is Ops.RANGE:
+      depth += 1
+      if lang.outline_parallel and depth == 2 and u.arg[-1] == "parallel": outlining = (u, len(lines))
   params = ", ".join(kernel_params(linear, lang))
-  return "\n".join([f"{lang.kernel_prefix} {name}({params}) {{", *(prefix_lines or []), *lines, "}"])
+  return "\n".join([*helpers, f"{lang.kernel_prefix} {name}({params}) {{", *(prefix_lines or []), *lines, "}"])
+
+
+def _outline(fn: str, index: str, body: list[str], outer_vars: dict[str, str], params: list[str], helpers: list[str]) -> str:
+  """Move a parallel loop's body into a function of its own; return the call that replaces it."""
+  used = [v for v in outer_vars if re.search(rf"\b{v}\b", "\n".join(body))]
+  args = [p.rsplit(" ", 1)[1] for p in params]
+  helpers.append("\n".join([f"static __attribute__((noinline)) void {fn}(int {index}, {', '.join(params + [f'{outer_vars[v]} {v}' for v in used])}) {{",
+                            *(line[4:] for line in body), "}", ""]))
+  return f"{fn}({', '.join([index] + args + used)});"
