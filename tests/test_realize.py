@@ -56,3 +56,10 @@ def test_a_missing_compiler_names_itself(tmp_path):
 def test_unknown_device_is_refused():
   r = run({"DEVICE": "TPU"}, "from tensor import Tensor\nTensor([1.0, 2.0]).numpy()")
   assert r.returncode != 0 and "TPU" in r.stderr and "CPU" in r.stderr
+
+
+def test_a_parallel_loop_body_is_a_function_of_its_own(tmp_path):
+  # gcc vectorizes loops in a plain function that it leaves scalar inside OpenMP's outlined region
+  program = "from tensor import Tensor\nx = Tensor.ones(512, 512)\n(x * 2 + 1).numpy()"
+  out = run({"DEBUG": "3", "GRAFT_CACHE_DIR": str(tmp_path)}, program).stdout
+  assert "#pragma omp parallel for" in out and "_body0(" in out and "__attribute__((noinline))" in out
