@@ -85,7 +85,7 @@ class Collector:
     if kind == "rule":
       total = sum(r.match_time + r.fn_time for r in self.rules.values()) or 1.0
       ordered = sorted(self.rules.values(), key=lambda r: -(r.match_time + r.fn_time))
-      rows = [(r.stage, r.name, _short_path(r.location), r.matches, r.attempts, f"{r.match_time * 1e3:.2f}",
+      rows = [(r.stage, r.name, short_path(r.location), r.matches, r.attempts, f"{r.match_time * 1e3:.2f}",
                f"{r.fn_time * 1e3:.2f}", f"{100 * (r.match_time + r.fn_time) / total:.1f}%") for r in ordered]
       return tabulate(rows, headers=["stage", "rule", "where", "matches", "attempts", "match ms", "rule ms", "share"], tablefmt="simple")
     if kind == "kernel":
@@ -96,7 +96,8 @@ class Collector:
     raise ValueError(f"table kind must be 'stage', 'rule' or 'kernel', not {kind!r}")
 
 
-def _short_path(loc: str) -> str:
+def short_path(loc: str) -> str:
+  """file:line with the file relative to the working directory when it is near it."""
   path, _, line = loc.rpartition(":")
   try: rel = os.path.relpath(path)
   except ValueError: rel = path
