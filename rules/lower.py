@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
-from .view import contiguous_strides
+from .view import unflatten
 from .shapes import shape_of
 
 
@@ -36,17 +36,6 @@ def loop(size: int, arg) -> UOp:
 
 
 def indexed(x: UOp, idxs) -> UOp: return UOp(Ops.INDEXED, x.dtype, (x, *idxs))
-
-
-def unflatten(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
-  """Per-dimension indices of a flat index into the contiguous layout of `shape`."""
-  out, first = [], True
-  for s, st in zip(shape, contiguous_strides(shape)):
-    if s == 1: out.append(UOp.const(flat.dtype, 0)); continue
-    i = flat if st == 1 else flat // st
-    out.append(i if first else i % s)
-    first = False
-  return out
 
 
 def guarded(valid: UOp | None, value: UOp) -> UOp:

@@ -10,7 +10,7 @@ position is folded into the offset; a mask that covers everything is None; a vie
 all-padding view (strides 0, offset 0, every interval (0, 0)); a view with no elements has strides 0 and offset 0.
 
 `compose(inner, outer)` merges two stacked views into one where a single view can say the same thing; `to_index`
-and `to_index_chain` turn views into the index arithmetic of a kernel.
+and `unflatten` turn views into the index arithmetic of a kernel.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -177,21 +177,16 @@ class View:
     return flat, valid
 
 
-def to_index_chain(views: list[View], idxs: list[UOp]) -> tuple[UOp, UOp | None]:
-  """(flat index into the innermost view's source, validity) of a stack of views, outermost last: each view's flat
-  index addresses the contiguous layout of the shape of the view below it."""
-  if not views: raise ValueError("to_index_chain needs at least one view")
-  flat, valid = views[-1].to_index(idxs)
-  for inner in reversed(views[:-1]):
-    per_dim, outer_seen = [], False
-    for s, c in zip(inner.shape, contiguous_strides(inner.shape)):
-      if s == 1: per_dim.append(UOp.const(flat.dtype, 0)); continue
-      i = flat if c == 1 else flat // c
-      per_dim.append(i % s if outer_seen else i)  # the outermost dimension needs no modulo: flat < size where valid
-      outer_seen = True
-    flat, v = inner.to_index(per_dim)
-    if v is not None: valid = v if valid is None else valid & v
-  return flat, valid
+def unflatten(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
+  """Per-dimension indices of a flat index into the contiguous layout of `shape` (the outermost needs no modulo:
+  flat < size wherever the element is read)."""
+  out, first = [], True
+  for s, st in zip(shape, contiguous_strides(shape)):
+    if s == 1: out.append(UOp.const(flat.dtype, 0)); continue
+    i = flat if st == 1 else flat // st
+    out.append(i if first else i % s)
+    first = False
+  return out
 
 
 def compose(inner: View, outer: View) -> View | None:

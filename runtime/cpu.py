@@ -33,7 +33,7 @@ from typing import Any
 import cffi
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device, run_compiler
+from runtime.device import Allocator, CompileError, Device, parameter_types, run_compiler
 
 # no -ffast-math: results must match numpy bit for bit where C allows; errno is never read, so it can go
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
@@ -167,9 +167,6 @@ def compile_c(cc: list[str], src: Path, out: Path) -> None:
 
 # ---------------------------------------------------------------- prototypes
 
-_QUALIFIERS = {"const", "volatile", "restrict", "__restrict", "__restrict__"}
-
-
 def _find_kernel(source: str, name: str) -> re.Match:
   m = re.search(rf"^[ \t]*void[ \t]+{re.escape(name)}[ \t]*\(([^)]*)\)", source, re.M)
   if m is None:
@@ -180,16 +177,5 @@ def _find_kernel(source: str, name: str) -> re.Match:
 
 def kernel_prototype(source: str, name: str) -> str:
   """The cffi declaration of kernel `name`, read from its `void name(...)` line (see the module docstring)."""
-  m = _find_kernel(source, name)
-  params = [p.strip() for p in m.group(1).split(",")]
-  if params in ([""], ["void"]): params = []
-  types = []
-  for p in params:
-    if "*" in p or "[" in p:
-      types.append("uintptr_t")
-      continue
-    words = [w for w in p.split() if w not in _QUALIFIERS]
-    if len(words) < 2:
-      raise ValueError(f"kernel {name!r}: cannot read parameter {p!r}; write it as 'TYPE NAME'")
-    types.append(" ".join(words[:-1]))
+  types = ["uintptr_t" if t is None else t for t in parameter_types(_find_kernel(source, name).group(1), name)]
   return f"void {name}({', '.join(types)});"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device, run_compiler
+from runtime.device import Allocator, CompileError, Device, parameter_types, run_compiler
 
 LIBCUDA = "libcuda.so.1"  # the driver library's soname; a module attribute so tests can point it elsewhere
 NVCC_FLAGS = ("-cubin",)  # plus -arch=sm_XY; nothing that relaxes IEEE float semantics
@@ -204,7 +204,6 @@ _SCALARS = {
   "unsigned long long": "uint64_t", "unsigned long long int": "uint64_t", "uint64_t": "uint64_t", "size_t": "uint64_t",
   "float": "float", "double": "double", "bool": "_Bool",
 }
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict"}
 
 
 def kernel_params(source: str, name: str) -> list[str]:
@@ -213,18 +212,12 @@ def kernel_params(source: str, name: str) -> list[str]:
   if m is None:
     raise ValueError(f"kernel {name!r} not found in the source: the CUDA device expects it declared as "
                      f"'extern \"C\" __global__ void {name}(...)' with its parameters written out")
-  params = [p.strip() for p in m.group(1).split(",")]
-  if params in ([""], ["void"]): return []
   types = []
-  for p in params:
-    if "*" in p or "[" in p:
-      types.append("CUdeviceptr")
-      continue
-    words = [w for w in p.split() if w not in _QUALIFIERS]
-    if len(words) < 2 or (t := _SCALARS.get(" ".join(words[:-1]))) is None:
-      raise ValueError(f"kernel {name!r}: cannot pass parameter {p!r}; CUDA kernels here take pointers and scalars "
-                       f"of the types {', '.join(sorted(_SCALARS))}")
-    types.append(t)
+  for p, t in zip(m.group(1).split(","), parameter_types(m.group(1), name)):
+    if t is not None and t not in _SCALARS:
+      raise ValueError(f"kernel {name!r}: cannot pass parameter {p.strip()!r}; CUDA kernels here take pointers and "
+                       f"scalars of the types {', '.join(sorted(_SCALARS))}")
+    types.append("CUdeviceptr" if t is None else _SCALARS[t])
   return types
 
 

@@ -25,6 +25,22 @@ def run_compiler(cmd: list[str], what: str, src) -> None:
                        f"{(r.stderr + r.stdout).strip()}")
 
 
+_QUALIFIERS = {"const", "volatile", "restrict", "__restrict", "__restrict__"}
+
+
+def parameter_types(params: str, name: str) -> list[str | None]:
+  """The C type of each parameter of kernel `name` from the text between its parentheses; None for a pointer."""
+  parts = [p.strip() for p in params.split(",")]
+  if parts in ([""], ["void"]): return []
+  types: list[str | None] = []
+  for p in parts:
+    if "*" in p or "[" in p: types.append(None); continue
+    words = [w for w in p.split() if w not in _QUALIFIERS]
+    if len(words) < 2: raise ValueError(f"kernel {name!r}: cannot read parameter {p!r}; write it as 'TYPE NAME'")
+    types.append(" ".join(words[:-1]))
+  return types
+
+
 class CompileError(RuntimeError):
   """A kernel source could not be compiled, or the compiler is missing. The message carries the compiler's own
   output and the path of the kernel source it was given."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib, os, time, weakref
 from dataclasses import dataclass, field
 from rewrite import UOp, Ops, stats
+from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.0, 1 and True differ
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
@@ -102,10 +103,6 @@ class _Plan:
 # buffer by identity; an entry holds its buffers through weak references and is void once one of them is gone.
 _plans: dict[tuple, tuple[list, _Plan]] = {}
 MAX_PLANS = 256
-
-
-def _arg_key(arg):
-  return (float, arg.hex()) if arg.__class__ is float else (bool, arg) if arg.__class__ is bool else arg
 
 
 def graph_key(uops: list[UOp]) -> tuple[tuple, list]:
