@@ -25,13 +25,7 @@ class FakeCompiler:
     out.write_bytes(b"ARTIFACT:" + src.read_bytes() * 100)
 
 
-@pytest.fixture(autouse=True)
-def cache_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("GRAFT_CACHE_DIR", str(tmp_path / "cache"))
-  monkeypatch.delenv("GRAFT_CACHE", raising=False)
-  cache.clear_memory()
-  yield tmp_path / "cache"
-  cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("cache_env")  # every test builds into a private cache (tests/conftest.py)
 
 
 def entry(source="int x;", extra=("fakecc 1.0",)):

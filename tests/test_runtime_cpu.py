@@ -62,7 +62,7 @@ def test_add_kernel_matches_numpy(cpu):
   x = np.random.rand(n)
   X, Y = Buffer("CPU", n, dtypes.float64).copyin(x), Buffer("CPU", n, dtypes.float64)
   elapsed = progs["scale"](Y.handle, X.handle, 2.5, n, wait=True)
-  assert isinstance(elapsed, float) and elapsed >= 0
+  assert isinstance(elapsed, float) and 0 < elapsed < 10  # seconds the call took, not a count or a stub 0
   np.testing.assert_array_equal(Y.numpy(), x * 2.5)
 
 

@@ -45,13 +45,7 @@ needs_nvcc = pytest.mark.skipif(_nvcc_or_none() is None, reason="nvcc not found 
                                                                  "/usr/local/cuda/bin): CUDA builds not tested")
 
 
-@pytest.fixture(autouse=True)
-def cache_env(tmp_path, monkeypatch):
-  monkeypatch.setenv("GRAFT_CACHE_DIR", str(tmp_path / "cache"))
-  monkeypatch.delenv("GRAFT_CACHE", raising=False)
-  cache.clear_memory()
-  yield tmp_path / "cache"
-  cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("cache_env")  # every test builds into a private cache (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """How many kernels a program becomes, and why: the realize stage's decisions, seen from the Tensor API."""
 import numpy as np
-from rewrite import Ops
 from tensor import Tensor
 from runtime.realize import build_schedule
 
@@ -20,8 +19,11 @@ def test_fused_elementwise_is_one_kernel(): assert kernels_of(((x * y + 1).exp()
 def test_row_sum_is_one_kernel(): assert kernels_of(x.sum(axis=1)) == 1
 def test_reduction_fuses_with_elementwise_before_and_after(): assert kernels_of((x * y).sum(axis=1).sqrt() * 2) == 1
 def test_matmul_is_one_kernel(): assert kernels_of(x @ w) == 1
-def test_softmax_is_at_most_three_kernels(): assert kernels_of(x.softmax(axis=-1)) <= 3
-def test_layernorm_is_at_most_three_kernels(): assert kernels_of(x.layernorm()) <= 3
+# at most 3 (the requirement); exactly: on the CPU two row reductions (max, sum / mean, variance) and the output, on
+# CUDA one kernel (the gpu_fuse stage keeps the row's reductions in the block that writes it)
+ROW_NORMALIZE_KERNELS = 1 if x.device == "CUDA" else 3
+def test_softmax_is_at_most_three_kernels(): assert kernels_of(x.softmax(axis=-1)) == ROW_NORMALIZE_KERNELS
+def test_layernorm_is_at_most_three_kernels(): assert kernels_of(x.layernorm()) == ROW_NORMALIZE_KERNELS
 
 
 def test_conv2d_is_one_kernel():
@@ -42,7 +44,6 @@ def test_contiguous_forces_a_buffer():
 def test_two_outputs_of_one_shape_share_a_kernel_and_are_right():
   from runtime.realize import realize
   a, b = realize([((x + y).uop, x.device), ((x * y).uop, x.device)])
-  assert kernels_of(Tensor(a.src[0].arg.numpy()) + 0) == 1
   sched = build_schedule([((x + y).uop, x.device), ((x * y).uop, x.device)])
   assert sum(s.kernel is not None for s in sched.steps) == 1
   np.testing.assert_allclose(a.src[0].arg.numpy().reshape(32, 48), x.numpy() + y.numpy(), rtol=1e-6)
