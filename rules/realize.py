@@ -160,13 +160,13 @@ kernelize_rules = PatternMatcher([
 def kernel_output_shape(k: UOp) -> tuple[int, ...]: return k.src[0].src[0].arg.shape
 
 
-def buffers_read(k: UOp) -> set[UOp]:
+def buffers_read(k: UOp) -> frozenset[UOp]:
   written = {st.src[0].src[0] for st in k.src} if k.op is Ops.KERNEL else {k.src[0]}
-  return {n for n in k.toposort if n.op is Ops.BUFFER} - written
+  return frozenset(n for n in k.toposort if n.op is Ops.BUFFER) - written
 
 
-def buffers_written(k: UOp) -> set[UOp]:
-  return {st.src[0].src[0] for st in k.src} if k.op is Ops.KERNEL else {k.src[0]}
+def buffers_written(k: UOp) -> frozenset[UOp]:
+  return frozenset(st.src[0].src[0] for st in k.src) if k.op is Ops.KERNEL else frozenset({k.src[0]})
 
 
 @dataclass
@@ -182,22 +182,24 @@ def group_outputs(schedule: UOp, ctx: GroupDecisions) -> UOp | None:
   Kernel j joins kernel i (i < j) at i's place if j reads nothing written by kernels i..j-1, or at j's place if no
   kernel between them reads what i writes. If j needs i's result, merging would make a cycle: refused, with why."""
   kernels = list(schedule.src)
+  # each kernel's graph is walked once for all the pairs it is in (a cache beyond this call would keep buffers alive)
+  reads, writes = {k: buffers_read(k) for k in kernels}, {k: buffers_written(k) for k in kernels}
   for i, j in itertools.combinations(range(len(kernels)), 2):
     a, b = kernels[i], kernels[j]
     if a.op is not Ops.KERNEL or b.op is not Ops.KERNEL or a.arg != b.arg: continue
     if kernel_output_shape(a) != kernel_output_shape(b): continue
     between = kernels[i + 1:j]
-    needs_a = set(buffers_written(a))  # what a writes, and what kernels that read it write, transitively
+    needs_a = set(writes[a])  # what a writes, and what kernels that read it write, transitively
     for k in between:
-      if buffers_read(k) & needs_a: needs_a |= buffers_written(k)
-    if buffers_read(b) & needs_a:
+      if reads[k] & needs_a: needs_a |= writes[k]
+    if reads[b] & needs_a:
       reason = f"kernel {j} was not fused into kernel {i}: it reads what kernel {i} writes (fusing would make a cycle)"
       if reason not in ctx.refused: ctx.refused.append(reason)
       continue
     merged = UOp(Ops.KERNEL, a.dtype, a.src + b.src, a.arg)
-    written_between = set().union(*(buffers_written(k) for k in between)) if between else set()
-    if not buffers_read(b) & written_between: order = kernels[:i] + [merged] + between + kernels[j + 1:]
-    elif not any(buffers_read(k) & buffers_written(a) for k in between): order = kernels[:i] + between + [merged] + kernels[j + 1:]
+    written_between = set().union(*(writes[k] for k in between)) if between else set()
+    if not reads[b] & written_between: order = kernels[:i] + [merged] + between + kernels[j + 1:]
+    elif not any(reads[k] & writes[a] for k in between): order = kernels[:i] + between + [merged] + kernels[j + 1:]
     else: continue
     ctx.merged.append(f"kernels {i} and {j} store to one shape {kernel_output_shape(a)}: fused into one kernel")
     return schedule.replace(src=tuple(order))
