@@ -30,8 +30,9 @@ Every set of 10,000 is new (a re-run over the same expressions finds cached boun
 the rate is over the first pass. "nodes" is the mean size of a simplified expression (smaller is simpler).
 """
 from __future__ import annotations
-import argparse, gc, json, math, os, random, statistics, subprocess, sys, time
+import argparse, gc, math, os, random, statistics, sys, time
 from types import SimpleNamespace
+from isolated import report, run_isolated  # bench/isolated.py, beside this script
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -215,12 +216,7 @@ def measure(row: str, variant: str, repeats: int, count: int, timeout: float) ->
   name, extra = VARIANTS[variant]
   env = {**os.environ, "DEV": "NULL", "SCACHE": "0", "DEBUG": "0", **extra}
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", row, name, "--repeats", str(repeats), "--count", str(count)]
-  try: r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired: return None, f"timed out after {timeout:.0f} s"
-  lines = [l for l in r.stdout.splitlines() if l.startswith(("RESULT ", "ERROR "))]
-  if r.returncode == 0 and lines and lines[-1].startswith("RESULT "): return json.loads(lines[-1][7:]), None
-  if lines: return None, json.loads(lines[-1][6:])
-  return None, f"exit {r.returncode}: {' | '.join(r.stderr.strip().splitlines()[-3:])[-400:]}"
+  return run_isolated(cmd, env, timeout)
 
 
 def main(argv=None):
@@ -237,14 +233,7 @@ def main(argv=None):
   count = args.count or (300 if args.quick else 10_000)
   if args.worker:
     row, name = args.worker
-    try: res = worker(row, name, args.repeats, count)
-    except Exception as e:
-      import traceback
-      traceback.print_exc()
-      print("ERROR " + json.dumps(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"))
-      sys.exit(1)
-    print("RESULT " + json.dumps(res))
-    return
+    return report(lambda: worker(row, name, args.repeats, count))
 
   rows = [s.strip() for s in args.only.split(",") if s.strip()] or ["sched_mlp", "sched_tfm", "sym"]
   if (bad := [r for r in rows if r not in (*MODELS, "sym")]): ap.error(f"--only: no row {', '.join(bad)}")

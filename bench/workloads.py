@@ -25,11 +25,12 @@ activations stay of order 1. A workload that crashes or computes a wrong result 
 below the table.
 """
 from __future__ import annotations
-import argparse, json, math, os, shutil, statistics, subprocess, sys, tempfile, time, traceback
+import argparse, math, os, shutil, statistics, sys, tempfile, time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+from isolated import report, run_isolated  # bench/isolated.py, beside this script
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -271,17 +272,9 @@ def measure(wid: str, framework: str, device: str, quick: bool, warmups: int, re
   env.pop("GRAFT_CACHE", None)
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", wid, framework, out_path, "--device", device,
          "--warmups", str(warmups), "--repeats", str(repeats)] + (["--quick"] if quick else [])
-  try:
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return None, f"timed out after {timeout:.0f} s", out_path
-  finally:
-    shutil.rmtree(cache, ignore_errors=True)
-  tagged = {l.split(" ", 1)[0]: l.split(" ", 1)[1] for l in r.stdout.splitlines() if l.startswith(("RESULT ", "ERROR "))}
-  if r.returncode == 0 and "RESULT" in tagged: return json.loads(tagged["RESULT"]), None, out_path
-  if "ERROR" in tagged: return None, json.loads(tagged["ERROR"])[:400], out_path
-  tail = " | ".join(r.stderr.strip().splitlines()[-3:])  # a crash with no Python exception (a signal, say)
-  return None, f"exit {r.returncode}: {tail[-400:]}", out_path
+  try: res, err = run_isolated(cmd, env, timeout)
+  finally: shutil.rmtree(cache, ignore_errors=True)
+  return res, err, out_path
 
 
 def check(out_path: str, ref: np.ndarray, tol: float) -> tuple[bool, str]:
@@ -365,14 +358,7 @@ def main(argv=None):
   repeats = args.repeats if args.repeats is not None else 3 if args.quick else 20
   if args.worker:
     wid, fw, out_path = args.worker
-    try: res = worker(wid, fw, args.device, args.quick, max(warmups, 1), repeats, out_path)
-    except Exception as e:
-      traceback.print_exc()
-      # the exception's first line names the failure; a compiler error's later lines are its output
-      print("ERROR " + json.dumps(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
-      sys.exit(1)
-    print("RESULT " + json.dumps(res))
-    return
+    return report(lambda: worker(wid, fw, args.device, args.quick, max(warmups, 1), repeats, out_path))
   table = SIZES[args.device]
   ids = [s.strip() for s in args.only.split(",") if s.strip()] or list(table)
   if (unknown := [i for i in ids if i not in table]):

@@ -10,7 +10,7 @@ position is folded into the offset; a mask that covers everything is None; a vie
 all-padding view (strides 0, offset 0, every interval (0, 0)); a view with no elements has strides 0 and offset 0.
 
 `compose(inner, outer)` merges two stacked views into one where a single view can say the same thing; `to_index`
-and `unflatten` turn views into the index arithmetic of a kernel.
+`unflatten` and `to_index_chain` turn views into the index arithmetic of a kernel.
 """
 from __future__ import annotations
 from dataclasses import dataclass
@@ -187,6 +187,17 @@ def unflatten(flat: UOp, shape: tuple[int, ...]) -> list[UOp]:
     out.append(i if first else i % s)
     first = False
   return out
+
+
+def to_index_chain(views: list[View], idxs: list[UOp]) -> tuple[UOp, UOp | None]:
+  """(flat index into the innermost view's source, validity) of a stack of views, outermost last: the index
+  arithmetic the lower stage builds one view at a time (used to check `compose`, and by the symbolic benchmark)."""
+  if not views: raise ValueError("to_index_chain needs at least one view")
+  flat, valid = views[-1].to_index(idxs)
+  for inner in reversed(views[:-1]):
+    flat, v = inner.to_index(unflatten(flat, inner.shape))
+    if v is not None: valid = v if valid is None else valid & v
+  return flat, valid
 
 
 def compose(inner: View, outer: View) -> View | None:

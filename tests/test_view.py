@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 from rewrite import UOp, Ops, dtypes
-from rules.view import View, compose, unflatten
+from rules.view import View, compose, to_index_chain
 from rules.shapes import shape_of
 
 
@@ -49,16 +49,6 @@ def evaluate_uop(root: UOp, env: dict[str, np.ndarray]):
     elif u.op is Ops.AND: vals[u] = np.logical_and(s[0], s[1])
     else: raise NotImplementedError(u.op)
   return vals[root]
-
-
-def to_index_chain(views: list[View], idxs: list[UOp]):
-  """(flat index, validity) of a stack of views, outermost last, one view at a time as the lower stage reads them:
-  each view's flat index is unflattened into the shape of the view below it."""
-  flat, valid = views[-1].to_index(idxs)
-  for inner in reversed(views[:-1]):
-    flat, v = inner.to_index(unflatten(flat, inner.shape))
-    if v is not None: valid = v if valid is None else valid & v
-  return flat, valid
 
 
 def evaluate_index(views: list[View], src: np.ndarray) -> np.ndarray:
