@@ -1,11 +1,11 @@
 """The CPU device: C kernels built with gcc (OpenMP for threads) into a shared library, loaded with cffi.
 
-Cold cost of one small OpenMP kernel, source to callable, measured on this repository's 2-core build machine
-(gcc 12.2, cffi 2.0, Python 3.11; first build in a fresh process / later builds in the same process):
+Cold cost of one small OpenMP kernel, source to callable (`python3 bench/compile_cost.py`, 2-core machine, gcc 12.2,
+cffi 2.0; first build in a fresh process / a second kernel in the same process):
   (a) one `gcc -O3 -march=native -fopenmp -shared -fPIC` call, then cffi ABI mode (`ffi.cdef` + `ffi.dlopen`):
-      0.11-0.13 s / 0.06 s
+      125 ms / 92 ms
   (b) cffi API mode (`ffi.set_source` + `ffi.compile` + import of the extension module):
-      0.48-0.84 s / 0.21-0.31 s (it imports setuptools, compiles a Python extension wrapper and links it)
+      533 ms / 342 ms (it imports setuptools, compiles a Python extension wrapper and links it)
 We use (a). A cache hit (runtime/cache.py) costs only the checksum and the dlopen.
 
 Kernel prototypes. cffi's ABI mode needs each kernel's prototype. We read it from the source, by a convention the C
