@@ -72,13 +72,16 @@ class ReduceMixin:
   def std(self, axis=None, keepdim=False, correction=1): return self.var(axis, keepdim, correction).sqrt()
 
   def argmax(self, axis=None, keepdim=False):
-    """Index (int32) of the first largest value along `axis`; over the flattened tensor when axis is None."""
+    """Index (int32) of the first largest value along `axis`; over the flattened tensor when axis is None. A NaN
+    counts as the largest value (the first NaN wins), as in numpy."""
     if axis is None:
       flat = self.flatten().argmax(0)
       return flat.reshape((1,) * self.ndim) if keepdim else flat
     ax = axis_of(axis, self.shape, "argmax")
     n = self.shape[ax]
     is_max = self == self.max(ax, keepdim=True)
+    # max propagates NaN, and then no element equals it: the NaNs are the candidates
+    if self.dtype.is_float: is_max = is_max | self.isnan()
     # count down from n, so the largest marked score is the first index holding the maximum
     score = self.arange(n, 0, -1, device=self.device).reshape(tuple(n if d == ax else 1 for d in range(self.ndim)))
     return (n - is_max.where(score, 0).max(ax, keepdim)).cast(dtypes.int32)

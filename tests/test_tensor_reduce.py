@@ -86,6 +86,19 @@ def test_argmax_argmin_take_the_first_extreme():
     (Tensor(I).argmin(0), I.argmin(0)), (Tensor(X).argmax(2), X.argmax(2)),
   ], rtol=0, atol=0)
 
+def test_argmax_argmin_return_the_first_nan_like_numpy():
+  nan, inf = np.nan, np.inf
+  rows = [[1., nan, 2.], [nan, nan, 0.], [5., 4., nan], [inf, 1., inf], [-inf, -inf, 3.], [2., 2., 2.]]
+  z = np.array(rows, np.float32)
+  t = Tensor(z)
+  assert Tensor(np.array([1., nan, 2.], np.float32)).argmax().item() == 1
+  assert Tensor(np.array([nan, nan], np.float32)).argmin().item() == 0
+  realize_and_check([
+    (t.argmax(1), z.argmax(1)), (t.argmin(1), z.argmin(1)), (t.argmax(0), z.argmax(0)), (t.argmin(0), z.argmin(0)),
+    (t.argmax(), z.argmax()), (t.argmin(), z.argmin()), (t.T.argmax(0), z.T.argmax(0)),
+    (Tensor(z.astype(np.float16)).argmin(1), z.argmin(1)), (Tensor(z.astype(np.float64)).argmax(1), z.argmax(1)),
+  ], rtol=0, atol=0)
+
 
 def test_a_sum_is_one_reduce_axis():
   r = Tensor(Y).sum(1)
