@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
-from .promotion import result_dtype, is_scalar, py_scalar
+from .promotion import result_dtype, is_scalar, py_scalar, check_fits, out_of_range
 
 LOG2_E, LN_2 = math.log2(math.e), math.log(2)
 
@@ -36,7 +36,7 @@ def operands(*xs, dtype: DType | None = None, like=None) -> list:
     raise ValueError(f"operands live on different devices ({', '.join(t.device for t in tensors)}): move them with .to()")
   dt = dtype or result_dtype(xs)
   shape = broadcast_shape(*(t.shape for t in tensors))
-  return [like._const(py_scalar(x), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
+  return [like._const(check_fits(x, dt), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
 
 
 def _as_operand(x, like):
@@ -152,15 +152,11 @@ class ElementwiseMixin:
   def __abs__(self): return self.abs()
 
   # ---- comparisons (bool results; NaN compares like numpy: unequal to all, not ordered) ----
-  def __lt__(self, x): return _alu(Ops.CMPLT, *operands(self, x))
-  def __gt__(self, x):
-    a, b = operands(self, x)
-    return _alu(Ops.CMPLT, b, a)
-  def __le__(self, x): return _less_equal(*operands(self, x))
-  def __ge__(self, x):
-    a, b = operands(self, x)
-    return _less_equal(b, a)
-  def ne(self, x): return _alu(Ops.CMPNE, *operands(self, x))
+  def __lt__(self, x): return _compare(self, x, lambda a, b: _alu(Ops.CMPLT, a, b), true_above=True)
+  def __gt__(self, x): return _compare(self, x, lambda a, b: _alu(Ops.CMPLT, b, a), true_above=False)
+  def __le__(self, x): return _compare(self, x, _less_equal, true_above=True)
+  def __ge__(self, x): return _compare(self, x, lambda a, b: _less_equal(b, a), true_above=False)
+  def ne(self, x): return _compare(self, x, lambda a, b: _alu(Ops.CMPNE, a, b), true_above=None)
   def eq(self, x): return _not(self.ne(x))
   # == with something that is no operand (None, a string) is plain "not equal", so `t in [None]` still works
   def __eq__(self, x): return self.eq(x) if _is_operand(x) else NotImplemented  # type: ignore[override]
@@ -207,6 +203,10 @@ class ElementwiseMixin:
   def clip(self, lo=None, hi=None):
     """Values below lo become lo, above hi become hi; NaN stays NaN. Either bound may be None."""
     if lo is None and hi is None: raise ValueError("clip needs lo or hi")
+    # an integer bound beyond the dtype on its own side cannot bind (numpy drops it too); one beyond the other side
+    # raises OverflowError in where()
+    if lo is not None and out_of_range(lo, self.dtype) and lo < 0: lo = None
+    if hi is not None and out_of_range(hi, self.dtype) and hi > 0: hi = None
     out = self
     if lo is not None: out = (out < lo).where(lo, out)
     if hi is not None: out = (out > hi).where(hi, out)
@@ -215,6 +215,7 @@ class ElementwiseMixin:
     if self.dtype.is_bool or self.dtype.is_unsigned: return self
     return (self < 0).where(-self, self)
   def sign(self):
+    if self.dtype.is_unsigned: return (self > 0).cast(self.dtype)
     return (self > 0).where(1, (self < 0).where(-1, self * 0)).cast(self.dtype)  # * 0 keeps NaN and the zero's sign
 
   # ---- math functions (integers compute in float32; float16 computes in float32 and rounds once at the end) ----
@@ -282,6 +283,16 @@ def _cos(x):
   # of x, large for large x)
   h = _alu(Ops.SIN, x * 0.5)
   return 1 - h * h * 2
+
+
+def _compare(t, x, compare, true_above: bool | None):
+  """compare(t, x) over their promoted operands. A Python int beyond that dtype is compared exactly, as in numpy 2:
+  every element lies below it (or above it), so the answer is one constant, `true_above` when x is above the range
+  (its negation when below; None for !=, always true)."""
+  if is_scalar(x) and out_of_range(x, dt := result_dtype((t, x))):
+    answer = True if true_above is None else true_above == (py_scalar(x) > dtypes.max(dt))
+    return t._const(answer, dtypes.bool)
+  return compare(*operands(t, x))
 
 
 def _less_equal(a, b):

@@ -4,6 +4,8 @@ Promotion follows numpy within a kind (int8 + int32 -> int32, uint8 + int8 -> in
 torch across kinds (the float operand's dtype wins: int32 + float16 -> float16, so that integer data never silently
 turns into float64). A Python scalar is "weak": it takes the tensor's dtype when its kind fits (float16 + 2.0 stays
 float16, int8 + 1 stays int8) and the default dtype of its kind otherwise (int32 tensor + 2.5 -> float32).
+A Python int that the integer dtype it meets cannot hold raises OverflowError, as in numpy 2 (int8 tensor + 300):
+never a silent wrap. Compared with such an int, a tensor gives the exact answer (int8 tensor < 300 is all true).
 """
 from __future__ import annotations
 import numpy as np
@@ -74,9 +76,18 @@ def result_dtype(operands) -> DType:
   return dt
 
 
-def check_fits(value, dt: DType, what: str):
-  """A Python scalar as a value of `dt`; ValueError where an integer does not fit (numpy raises for these too)."""
+def out_of_range(value, dt: DType) -> bool:
+  """Whether `value` is an integer (Python or numpy, not a bool) that the integer dtype `dt` cannot hold."""
   value = py_scalar(value)
-  if dt.is_int and not isinstance(value, float) and not dtypes.min(dt) <= int(value) <= dtypes.max(dt):
-    raise ValueError(f"{what}: {value} does not fit in {dt.name} (range {dtypes.min(dt)}..{dtypes.max(dt)})")
+  return (dt.is_int and isinstance(value, int) and not isinstance(value, bool)
+          and not dtypes.min(dt) <= value <= dtypes.max(dt))
+
+
+def check_fits(value, dt: DType, what: str = ""):
+  """A Python scalar as a value of `dt`. An integer that does not fit raises OverflowError, as numpy 2 does: a
+  scalar is weak (it takes the tensor's dtype), so wrapping it would silently compute with another number."""
+  value = py_scalar(value)
+  if out_of_range(value, dt):
+    raise OverflowError(f"{what + ': ' if what else ''}Python integer {value} out of bounds for {dt.name} "
+                        f"(range {dtypes.min(dt)}..{dtypes.max(dt)}); cast the tensor to a wider dtype first")
   return value

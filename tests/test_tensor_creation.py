@@ -50,7 +50,7 @@ def test_unsupported_data_and_dtypes_raise():
   with pytest.raises(TypeError): Tensor("hello")
   with pytest.raises(TypeError): Tensor({1: 2})
   with pytest.raises(ValueError, match="rectangular"): Tensor([[1, 2], [3]])
-  with pytest.raises(ValueError, match="int8"): Tensor(300, dtype=dtypes.int8)
+  with pytest.raises(OverflowError, match="300 out of bounds for int8"): Tensor(300, dtype=dtypes.int8)
   with pytest.raises(ValueError, match="NaN"): Tensor(np.array([np.nan]), dtype=dtypes.int32)
 
 

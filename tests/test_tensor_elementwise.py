@@ -42,6 +42,32 @@ def test_integer_arithmetic_wraps_like_numpy():
   ], rtol=1e-6)
 
 
+def test_a_python_int_outside_the_dtype_raises_overflow_like_numpy_2():
+  i8, u8, i32 = Tensor(np.array([1, -5], np.int8)), Tensor(np.array([1, 7], np.uint8)), Tensor(np.array([1], np.int32))
+  for make in (lambda: i8 + 300, lambda: u8 + 256, lambda: i32 + 2**40, lambda: i8 * 1000, lambda: 300 - i8,
+               lambda: i8 - 128, lambda: u8 + -1, lambda: i8 // 300, lambda: i8 % 300, lambda: i8 & 300,
+               lambda: i8 << 300, lambda: i8.maximum(300), lambda: (i8 > 0).where(i8, 300), lambda: i8 ** 300):
+    with pytest.raises(OverflowError, match=r"Python integer -?\d+ out of bounds for u?int(8|32)"): make()
+  with pytest.raises(OverflowError, match="300 out of bounds for int8"): Tensor(300, dtype=dtypes.int8)
+  # in range, arithmetic wraps like numpy's; a float scalar promotes; a float tensor takes a big int as a float
+  i8_np, u8_np = np.array([1, -5], np.int8), np.array([1, 7], np.uint8)
+  realize_and_check([
+    (i8 + 127, i8_np + 127), (i8 + -128, i8_np + -128), (u8 + 255, u8_np + 255),
+    (u8 - 1, u8_np - 1), (i8 + 2.5, [3.5, -2.5]), (i8.half() + 2**40, np.full(2, np.inf, np.float16)),
+    (i8.clip(-300, 300), i8_np), (u8.sign(), np.sign(u8_np)),
+  ])
+
+
+def test_comparing_with_a_python_int_outside_the_dtype_is_exact_like_numpy_2():
+  x = np.array([1, -5, 127], np.int8)
+  t, u = Tensor(x), Tensor(np.array([0, 255], np.uint8))
+  realize_and_check([
+    (t < 300, x < 300), (t <= 300, x <= 300), (t > 300, x > 300), (t >= 300, x >= 300), (t == 300, x == 300),
+    (t != 300, x != 300), (t < -1000, x < -1000), (t > -1000, x > -1000), (300 > t, x < 300),
+    (u == -1, [False, False]), (u > -1, [True, True]), (Tensor([1]) < 2**70, [True]),
+  ])
+
+
 def test_dtype_promotion():
   i32, f32 = Tensor([1, 2]), Tensor([1.0, 2.0])
   f16, i8, u8, b = f32.half(), i32.cast(dtypes.int8), i32.cast(dtypes.uint8), Tensor([True, False])
