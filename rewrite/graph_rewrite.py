@@ -65,6 +65,16 @@ _nesting = [0]
 
 
 def _rewrite(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: bool, stage: str) -> tuple[UOp, int]:
+  try: return _drive(root, matcher, dispatch, ctx, top_down, stage)
+  except (RewriteLoopError, RuleError, RecursionError): raise
+  except Exception:
+    # No rule raised (those are named where they are called): the engine tripped over what a rule returned. Run
+    # again with every result checked, which names the rule; this costs nothing until something goes wrong.
+    _drive(root, matcher, _checked_dispatch(matcher, stage), ctx, top_down, stage)
+    raise
+
+
+def _drive(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: bool, stage: str) -> tuple[UOp, int]:
   nesting = _nesting[0]
   if top_down or nesting >= len(RECURSION_BUDGET): return _iterate(root, matcher, dispatch, ctx, top_down, stage, {}, {})
   _nesting[0] = nesting + 1
@@ -104,7 +114,7 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
     else:
       try: r = fn(nn, ctx)
       except (RewriteLoopError, RuleError, RecursionError): raise
-      except Exception as e: raise _rule_error(matcher, nn, ctx, stage, e) from e
+      except Exception as e: raise _rule_error(_failing_rule(matcher, nn, ctx), nn, stage, e) from e
     if r is None or r is nn:
       done[n] = nn
       if nn is not n: done[nn] = nn
@@ -132,8 +142,7 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
     return out, rewrites + more
 
 
-def _rule_error(matcher: PatternMatcher, node: UOp, ctx, stage: str, e: Exception) -> RuleError:
-  rule = _failing_rule(matcher, node, ctx)
+def _rule_error(rule: Rule | None, node: UOp, stage: str, e: Exception) -> RuleError:
   who = f"rule {rule.name} at {rule.location}" if rule else "a rule"
   return RuleError(f"{who} raised {type(e).__name__}: {e}\n  in stage {stage!r} while matching {node!r}")
 
@@ -160,7 +169,9 @@ def _iterate(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
       if None in new_src:  # some source is not finished
         if top_down:
           if n in links:
-            r, nn = links.pop(n); done[n] = done[r]; pop(); continue
+            r, nn = links.pop(n)
+            if (f := done_get(r)) is None: _loop(matcher, ctx, stage, links, n)  # n met again inside its own result
+            done[n] = f; pop(); continue
           if n not in tried:
             tried.add(n)
             nn = n
@@ -188,9 +199,10 @@ def _iterate(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
           push(s); waits = True
         if waits: continue
         new_src = _tuple(_map(done_get, src))
-      elif links and n in links:  # its rewrite is finished
+      elif links and n in links:  # its rewrite is finished, unless n was met again inside its own result
         r, nn = links.pop(n)
-        done[n] = f = done[r]
+        if (f := done_get(r)) is None: _loop(matcher, ctx, stage, links, n)
+        done[n] = f
         if nn is not n: done[nn] = f
         pop(); continue
       if new_src == src: nn = n
@@ -241,11 +253,15 @@ def _iterate(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, top_down: 
       if nn is not n: done[nn] = f
       pop()
   except (RewriteLoopError, RuleError): raise
-  except Exception as e: raise _rule_error(matcher, nn if nn is not None else n, ctx, stage, e) from e
+  except Exception as e:
+    node = nn if nn is not None else n
+    if (rule := _failing_rule(matcher, node, ctx)) is None: raise  # not a rule's exception: _rewrite finds it
+    raise _rule_error(rule, node, stage, e) from e
   return done[root], rewrites
 
 
 def _failing_rule(matcher: PatternMatcher, node: UOp, ctx) -> Rule | None:
+  if not isinstance(node, UOp): return None
   for rule, fn in matcher.per_rule(node.op):
     try: fn(node, ctx)
     except Exception: return rule
@@ -261,13 +277,35 @@ def _loop(matcher: PatternMatcher, ctx, stage: str, links: dict, node: UOp):
     if rule is not None: key = f"{rule.name} ({rule.location})"; fired[key] = fired.get(key, 0) + 1
     return r
   for _, before in list(links.values())[-50:]: note(before)
+  rule, returned = matcher.rewrite_traced(node, ctx)
   cur = node
   for _ in range(50):
     if cur is None: break
     cur = note(cur)
   names = "\n    ".join(fired) or "(unknown)"
+  what = f"\n  where rule {rule.name} ({rule.location}) returned {returned!r}" if rule is not None else ""
   raise RewriteLoopError(f"rewrite in stage {stage!r} does not terminate: these rules keep firing\n    {names}\n"
-                         f"  on node {node!r}")
+                         f"  on node {node!r}{what}")
+
+
+def _checked_dispatch(matcher: PatternMatcher, stage: str) -> dict:
+  """Per-op functions that try each rule separately and raise RuleError naming the rule that raises or returns
+  something other than a UOp or None: the slow path that explains what tripped the engine."""
+  out = {}
+  for op in matcher.rules_for:
+    def dispatch(u, ctx, entries=matcher.per_rule(op)):
+      for rule, fn in entries:
+        try: r = fn(u, ctx)
+        except (RewriteLoopError, RuleError, RecursionError): raise
+        except Exception as e: raise _rule_error(rule, u, stage, e) from e
+        if r is None: continue
+        if not isinstance(r, UOp):
+          raise RuleError(f"rule {rule.name} at {rule.location} returned {r!r} (a {type(r).__name__}); a rule returns "
+                          f"a UOp, or None for no change\n  in stage {stage!r} while matching {u!r}")
+        return r
+      return None
+    out[op] = dispatch
+  return out
 
 
 def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:

@@ -122,6 +122,34 @@ def test_a_loop_through_two_rules_names_both():
   assert "to_mul" in str(err.value) and "to_add" in str(err.value)
 
 
+def grow_around(a): return (a + 0) + 0  # the node it fired on is inside what it returns, ever deeper
+
+
+@pytest.mark.parametrize("top_down", [False, True])
+@pytest.mark.parametrize("graph", [x + 0, (x + 0) * 3], ids=["root", "inner"])
+def test_a_rule_that_grows_around_its_node_raises_a_loop_naming_it(graph, top_down):
+  pm = PatternMatcher([(UPat.var("a") + 0, grow_around)])
+  with pytest.raises(RewriteLoopError) as err: graph_rewrite(graph, pm, name="growing", top_down=top_down)
+  msg = str(err.value)
+  assert f"grow_around ({__file__}:{grow_around.__code__.co_firstlineno})" in msg and "'growing'" in msg
+  assert "returned" in msg and "Ops.ADD" in msg
+
+
+def return_a_str(a): return "a + 0"
+def return_a_list(a): return [a]
+
+
+@pytest.mark.parametrize("top_down", [False, True])
+@pytest.mark.parametrize("rule", [return_a_str, return_a_list])
+@pytest.mark.parametrize("pattern, graph", [(UPat.var("a") + 0, x + 0), (UPat.var("a") + 0, (x + 0) * 3),
+                                            (UPat(Ops.DEFINE_VAR, name="a"), x * 3)], ids=["root", "inner", "leaf"])
+def test_a_rule_returning_something_not_a_uop_is_named(pattern, graph, rule, top_down):
+  pm = PatternMatcher([(pattern, rule)])
+  with pytest.raises(RuleError) as err: graph_rewrite(graph, pm, name="returning", top_down=top_down)
+  msg = str(err.value)
+  assert f"rule {rule.__name__} at {__file__}:{rule.__code__.co_firstlineno} returned {rule(x)!r}" in msg
+  assert "'returning'" in msg and "while matching UOp(" in msg
+
 def divide(a, c): return UOp.const(a.dtype, a.arg // c.arg)
 
 
