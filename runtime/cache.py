@@ -24,7 +24,7 @@ import stat
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 FORMAT = "graft-cache-1"  # bump when the entry layout changes, so old entries are ignored
 SOURCE_SUFFIX = {".so": ".c", ".cubin": ".cu", ".ptx": ".cu", ".fatbin": ".cu"}
@@ -33,6 +33,8 @@ SOURCE_SUFFIX = {".so": ".c", ".cubin": ".cu", ".ptx": ".cu", ".fatbin": ".cu"}
 stats: collections.Counter[str] = collections.Counter()
 _memory: dict[tuple[str, str], Path] = {}
 _private: Path | None = None
+_warned: set[tuple[str, str]] = set()  # (kind, place) of the warnings given (each is given once per process)
+T = TypeVar("T")
 
 
 def cache_dir() -> Path | None:
@@ -67,33 +69,68 @@ def build_cached(source: str, key_extra: tuple[str, ...], suffix: str, build: Ca
   """The path of the artifact built from `source`: from memory, from disk, or made now by `build(src_path, out_path)`,
   which must write the artifact to `out_path` (and raise when it cannot). `source_suffix` names the source file's
   extension (the compiler may go by it); by default it follows `suffix` (.so -> .c, .cubin/.ptx -> .cu)."""
+  return _find_or_build(source, key_extra, suffix, build, source_suffix)[0]
+
+
+def load_cached(source: str, key_extra: tuple[str, ...], suffix: str, build: Callable[[Path, Path], None],
+                load: Callable[[Path], T], unloadable: type[Exception] | tuple[type[Exception], ...] = OSError,
+                source_suffix: str | None = None) -> tuple[Path, T]:
+  """`build_cached`, then `load(path)`: the path and what `load` made of it. An entry that passed its checksum but
+  fails to load with `unloadable` (an empty or non-ELF file, written whole by a faulty disk or compiler) is rebuilt
+  in place, with a warning, and loaded again; an artifact built just now that fails to load raises at once."""
+  path, how = _find_or_build(source, key_extra, suffix, build, source_suffix)
+  try: return path, load(path)
+  except unloadable as e:
+    if how == "build": raise
+    _warn_once("unloadable", path.parent, f"graft cache entry {path} passed its checksum but failed to load ({e}); "
+                                          f"it is rebuilt")
+  path, _ = _find_or_build(source, key_extra, suffix, build, source_suffix, rebuild=True)
+  return path, load(path)
+
+
+def _find_or_build(source: str, key_extra: tuple[str, ...], suffix: str, build: Callable[[Path, Path], None],
+                   source_suffix: str | None, rebuild: bool = False) -> tuple[Path, str]:
+  """(path, how): how is "memory", "disk" or "build". `rebuild` builds anew, replacing the entry."""
   source_suffix = source_suffix or SOURCE_SUFFIX.get(suffix, ".c")
   key = cache_key(source, key_extra, suffix)
   disk = cache_dir()
   where = disk if disk is not None else private_dir()
-  if (path := _memory.get((str(where), key))) is not None and path.exists():
+  if not rebuild and (path := _memory.get((str(where), key))) is not None and path.exists():
     stats["memory"] += 1
-    return path
+    return path, "memory"
   if disk is not None:
     if (problem := _dir_problem(disk)) is not None:
-      warnings.warn(f"graft cache directory {disk} {problem}, so nothing is loaded from it; fix it (chmod 700), "
-                    f"point GRAFT_CACHE_DIR elsewhere or set GRAFT_CACHE=0", stacklevel=2)
+      _warn_once("directory", disk, f"graft cache directory {disk} {problem}, so nothing is loaded from it; fix it "
+                                    f"(chmod 700), point GRAFT_CACHE_DIR elsewhere or set GRAFT_CACHE=0")
       where = private_dir()
     else:
-      status = _check_entry(disk, key, suffix)
+      status = "missing" if rebuild else _check_entry(disk, key, suffix)
       if status == "ok":
         stats["disk"] += 1
         path = _memory[(str(disk), key)] = disk / f"{key}{suffix}"
-        return path
+        return path, "disk"
       if status == "untrusted":
-        warnings.warn(f"graft cache entry {disk / (key + suffix)} is not owned by you or is writable by others, so it "
-                      f"is not loaded; delete it to let the cache heal", stacklevel=2)
+        _warn_once("untrusted", disk, f"graft cache entry {disk / (key + suffix)} is not owned by you or is writable "
+                                      f"by others, so it is not loaded; delete it to let the cache heal (other such "
+                                      f"entries of {disk} are not reported)")
+        where = private_dir()
+      elif not os.access(disk, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        _warn_once("read-only", disk, f"graft cache directory {disk} is read-only, so kernels not in it yet are built "
+                                      f"in a private temporary directory, removed at exit; make it writable, point "
+                                      f"GRAFT_CACHE_DIR elsewhere or set GRAFT_CACHE=0")
         where = private_dir()
   stats["build"] += 1
   path = _build_entry(where, key, source, source_suffix, suffix, build)
   # an untrusted disk entry keeps the memory key on the disk directory, so this process asks the disk only once
   _memory[(str(disk if disk is not None else where), key)] = path
-  return path
+  return path, "build"
+
+
+def _warn_once(kind: str, place: Path, message: str) -> None:
+  """Warn about `kind` of trouble with `place` once per process: a long run must not repeat it for every kernel."""
+  if (kind, str(place)) in _warned: return
+  _warned.add((kind, str(place)))
+  warnings.warn(message, stacklevel=4)
 
 
 # ---------------------------------------------------------------- checks
@@ -105,7 +142,8 @@ def _trusted_stat(st: os.stat_result) -> bool:
 def _dir_problem(d: Path) -> str | None:
   """Create `d` 0700 if it is missing; None when it is ours and only we can write to it, else what is wrong."""
   try:
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # parents too are made 0700 (mkdir's parents=True would give them the umask's mode)
+    for p in [*reversed([p for p in d.parents if not p.exists()]), d]: p.mkdir(mode=0o700, exist_ok=True)
     st = d.stat()
   except OSError as e:
     return f"cannot be created ({e.strerror})"

@@ -19,6 +19,7 @@ per argument here).
 Threads follow OMP_NUM_THREADS, which libgomp reads when the first kernel library loads.
 """
 from __future__ import annotations
+import collections
 import functools
 import os
 import platform
@@ -27,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +74,59 @@ class CPUAllocator(Allocator):
     _ffi.memmove(dst, _ffi.cast("void *", handle), dst.nbytes)
 
 
+MAX_LIBRARIES = 256  # loaded kernel libraries kept mapped at once, unless GRAFT_MAX_LIBRARIES says otherwise
+
+
+def max_libraries() -> int:
+  """The cap on loaded kernel libraries: $GRAFT_MAX_LIBRARIES, else MAX_LIBRARIES."""
+  value = os.environ.get("GRAFT_MAX_LIBRARIES", "")
+  if not value: return MAX_LIBRARIES
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f"GRAFT_MAX_LIBRARIES={value!r}: set it to a positive number of kernel libraries to keep loaded "
+                     f"(default {MAX_LIBRARIES})")
+  return int(value)
+
+
+class Library:
+  """One loaded kernel library: its cffi handle, and the programs taken from it, so that unloading it can unhook
+  them (a function of a closed library must never be called: its code is unmapped)."""
+  __slots__ = ("path", "cdef", "source", "ffi", "handle", "programs")
+
+  def __init__(self, path: Path, cdef: str, source: str):
+    self.path, self.cdef, self.source = path, cdef, source
+    self.ffi = cffi.FFI()
+    try: self.ffi.cdef(cdef)
+    except (cffi.CDefError, cffi.FFIError) as e:
+      raise ValueError(f"cffi cannot declare these kernels ({e}); CPU kernels take pointers and integer or "
+                       f"float scalars:\n{cdef}") from None
+    self.handle = self.ffi.dlopen(str(path))  # OSError for a file that is no library: the cache rebuilds it
+    self.programs: weakref.WeakSet[CPUProgram] = weakref.WeakSet()
+
+  def function(self, name: str) -> Any:
+    try: return getattr(self.handle, name)
+    except AttributeError:
+      raise CompileError(f"kernel {name!r} is not exported by {self.path} (source {self.path.with_suffix('.c')}); "
+                         f"is it declared static?") from None
+
+  def unload(self) -> None:
+    for program in list(self.programs): program.fn = None  # its next call loads the library again
+    self.ffi.dlclose(self.handle)
+
+
 class CPUProgram:
   """One kernel of a loaded library. Call it with buffer handles and ints, in the order of its C parameters."""
-  __slots__ = ("name", "fn", "prototype", "path", "_keep")
+  __slots__ = ("name", "fn", "prototype", "library", "device", "__weakref__")
 
-  def __init__(self, name: str, fn: Any, prototype: str, path: Path, keep: Any):
-    self.name, self.fn, self.prototype, self.path, self._keep = name, fn, prototype, path, keep
+  def __init__(self, name: str, library: Library, prototype: str, device: CPUDevice):
+    self.name, self.prototype, self.device = name, prototype, device
+    self._attach(library)
+
+  def _attach(self, library: Library) -> None:
+    self.library, self.fn = library, library.function(self.name)
+    library.programs.add(self)
+
+  @property
+  def path(self) -> Path: return self.library.path
 
   def __call__(self, *args: int, global_size=None, local_size=None, wait: bool = False) -> float | None:
     # global_size/local_size belong to GPU launches; OpenMP splits the loops here
@@ -89,6 +138,9 @@ class CPUProgram:
       self.fn(*args)
       return time.perf_counter() - t0
     except TypeError as e:
+      if self.fn is None:  # its library was unloaded to keep within the cap: load it again (no cost until then)
+        self._attach(self.device.library(self.library.source, self.library.cdef))
+        return self(*args, wait=wait)
       raise TypeError(f"kernel {self.prototype} (from {self.path}) called with {len(args)} arguments "
                       f"{args!r}: {e}; pass buffer handles as ints") from None
 
@@ -101,30 +153,32 @@ class CPUDevice(Device):
 
   def __init__(self):
     self.allocator = CPUAllocator()
-    self._libs: dict[tuple[str, str], Any] = {}
+    # loaded libraries by (path, cdef), least recently built or loaded first; at most max_libraries() of them
+    self._libs: collections.OrderedDict[tuple[str, str], Library] = collections.OrderedDict()
 
   def build(self, source: str, names: list[str]) -> dict[str, CPUProgram]:
     """Compile `source` (one gcc call, cached on disk) and return a program for each kernel in `names`."""
     names = list(names)
-    cdef = "\n".join(kernel_prototype(source, n) for n in names)
+    library = self.library(source, "\n".join(kernel_prototype(source, n) for n in names))
+    return {n: CPUProgram(n, library, _find_kernel(source, n).group(0).strip(), self) for n in names}
+
+  def library(self, source: str, cdef: str) -> Library:
+    """The loaded library of `source` declared by `cdef`: built (or found in the cache) and loaded when it is not
+    loaded already. Loading one more than the cap unloads the least recently used one."""
     cc = compiler()
     key_extra = (compiler_identity(cc), *CFLAGS, machine_identity())
-    path = cache.build_cached(source, key_extra, ".so", functools.partial(compile_c, cc))
-    if (lib := self._libs.get((str(path), cdef))) is None:
-      ffi = cffi.FFI()
-      try: ffi.cdef(cdef)
-      except (cffi.CDefError, cffi.FFIError) as e:
-        raise ValueError(f"cffi cannot declare these kernels ({e}); CPU kernels take pointers and integer or "
-                         f"float scalars:\n{cdef}") from None
-      lib = self._libs[(str(path), cdef)] = (ffi, ffi.dlopen(str(path)))
-    progs = {}
-    for n in names:
-      try: fn = getattr(lib[1], n)
-      except AttributeError:
-        raise CompileError(f"kernel {n!r} is not exported by {path} (source {path.with_suffix('.c')}); "
-                           f"is it declared static?") from None
-      progs[n] = CPUProgram(n, fn, _find_kernel(source, n).group(0).strip(), path, lib)
-    return progs
+    cap = max_libraries()
+    return cache.load_cached(source, key_extra, ".so", functools.partial(compile_c, cc),
+                             lambda path: self._load(path, cdef, source, cap))[1]
+
+  def _load(self, path: Path, cdef: str, source: str, cap: int) -> Library:
+    key = (str(path), cdef)
+    if (library := self._libs.get(key)) is not None:
+      self._libs.move_to_end(key)
+      return library
+    library = self._libs[key] = Library(path, cdef, source)
+    while len(self._libs) > cap: self._libs.popitem(last=False)[1].unload()
+    return library
 
 
 # ---------------------------------------------------------------- compiler

@@ -3,10 +3,14 @@
 The "compiler" here is a Python function that writes bytes, so these tests need no gcc; test_runtime_cpu.py runs the
 real one.
 """
+import hashlib
 import os
+import shutil
 import stat
+import warnings
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -166,3 +170,87 @@ def test_unusable_cache_dir_falls_back(monkeypatch, tmp_path):
   with pytest.warns(UserWarning, match="cannot be created"):
     path, cc = entry()
   assert len(cc.calls) == 1 and path.exists()
+
+
+def load_artifact(path: Path) -> bytes:
+  """A loader that refuses what FakeCompiler did not write, as dlopen refuses a file without an ELF header."""
+  data = path.read_bytes()
+  if not data.startswith(b"ARTIFACT:"): raise OSError(f"{path}: invalid ELF header")
+  return data
+
+
+def write_whole_but_wrong(path: Path, data: bytes):
+  """Replace an entry's artifact by `data` with a checksum that matches it, as a faulty disk or compiler would."""
+  path.unlink()
+  path.write_bytes(data)
+  Path(f"{path}.sum").write_text(f"{hashlib.sha256(data).hexdigest()} {len(data)}\n")
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF but not really"], ids=["empty", "bad header"])
+def test_an_entry_that_fails_to_load_is_rebuilt(data):
+  path, _ = entry()
+  write_whole_but_wrong(path, data)
+  cache.clear_memory()
+  cc = FakeCompiler()
+  with pytest.warns(UserWarning, match="failed to load"):
+    again, loaded = cache.load_cached("int x;", ("fakecc 1.0",), ".so", cc, load_artifact)
+  assert len(cc.calls) == 1 and again == path and loaded.startswith(b"ARTIFACT:int x;")
+  cache.clear_memory()
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert cache.load_cached("int x;", ("fakecc 1.0",), ".so", FakeCompiler(), load_artifact)[0] == path  # healed
+
+
+def test_a_fresh_build_that_fails_to_load_raises_at_once():
+  def bad_compiler(src, out): out.write_bytes(b"not an artifact")
+  with pytest.raises(OSError, match="invalid ELF header"):
+    cache.load_cached("int x;", ("fakecc 1.0",), ".so", bad_compiler, load_artifact)
+
+
+@pytest.fixture
+def unwritable_cache(monkeypatch):
+  """A cache directory this process may read but not write: mode 0500, and as root (who may write anyway) the
+  process acts as user nobody while the test runs. Yields the directory; its first entry is "int x;"."""
+  nobody = 65534 if os.geteuid() == 0 else None
+  base = Path(tempfile.mkdtemp(prefix="graft-ro-"))
+  if nobody is not None: os.chown(base, nobody, nobody)
+  monkeypatch.setenv("GRAFT_CACHE_DIR", str(base / "cache"))
+  monkeypatch.setattr(cache, "_private", None)  # a private directory of this user, not one root made earlier
+  if nobody is not None: os.seteuid(nobody)
+  try:
+    cache.clear_memory()
+    entry("int x;")
+    (base / "cache").chmod(0o500)
+    cache.clear_memory()
+    yield base / "cache"
+  finally:
+    if nobody is not None: os.seteuid(0)
+    (base / "cache").chmod(0o700)
+    shutil.rmtree(base)
+
+
+def test_read_only_cache_dir_builds_privately_with_one_warning(unwritable_cache):
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert entry("int x;")[0].parent == unwritable_cache  # what is there still loads
+    built = [entry(f"int y{i};") for i in range(3)]
+  assert all(len(cc.calls) == 1 and path.parent != unwritable_cache and path.exists() for path, cc in built)
+  assert not built[0][0].parent.stat().st_mode & 0o077
+  assert len(caught) == 1 and "read-only" in str(caught[0].message)
+
+
+def test_untrusted_entries_warn_once_per_process(cache_env):
+  paths = [entry(f"int z{i};")[0] for i in range(3)]
+  for p in paths: p.chmod(0o777)
+  cache.clear_memory()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for i in range(3): assert len(entry(f"int z{i};")[1].calls) == 1
+  assert len(caught) == 1 and "writable by others" in str(caught[0].message)
+
+
+def test_parent_directories_the_cache_makes_are_private(monkeypatch, tmp_path):
+  monkeypatch.setenv("GRAFT_CACHE_DIR", str(tmp_path / "new" / "deeper" / "cache"))
+  path, _ = entry()
+  for d in (tmp_path / "new", tmp_path / "new" / "deeper", path.parent):
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700, d

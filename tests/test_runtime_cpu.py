@@ -1,4 +1,5 @@
 """The CPU device end to end: Buffers, the pooled allocator, and C kernels built with gcc and run through cffi."""
+import hashlib
 import os
 import subprocess
 import sys
@@ -81,23 +82,72 @@ def test_build_is_cached(cpu, cache_env):
   assert len(list(cache_env.glob("*.so"))) == 1 and len(list(cache_env.glob("*.c"))) == 1
 
 
+# a later run of the program: it builds ADD (from the disk cache when it can) and adds with it
+ADD_IN_A_NEW_PROCESS = ("import numpy as np\n"
+                        "from runtime import cache\n"
+                        "from runtime.buffer import Buffer\n"
+                        "from runtime.device import get_device\n"
+                        "from rewrite.dtypes import dtypes\n"
+                        f"add = get_device('CPU').build({ADD!r}, ['add'])['add']\n"
+                        "a = Buffer('CPU', 4, dtypes.float32).copyin(np.arange(4, dtype=np.float32))\n"
+                        "out = Buffer('CPU', 4, dtypes.float32)\n"
+                        "add(out.handle, a.handle, a.handle, 4)\n"
+                        "print(out.numpy().tolist(), dict(cache.stats))\n")
+
+
+def run_add_in_a_new_process() -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-c", ADD_IN_A_NEW_PROCESS], cwd=REPO, capture_output=True, text=True)
+
+
 def test_second_process_loads_from_disk(cpu, cache_env):
   so = cpu.build(ADD, ["add"])["add"].path
   mtime = so.stat().st_mtime_ns
-  child = ("import numpy as np\n"
-           "from runtime import cache\n"
-           "from runtime.buffer import Buffer\n"
-           "from runtime.device import get_device\n"
-           "from rewrite.dtypes import dtypes\n"
-           f"add = get_device('CPU').build({ADD!r}, ['add'])['add']\n"
-           "a = Buffer('CPU', 4, dtypes.float32).copyin(np.arange(4, dtype=np.float32))\n"
-           "out = Buffer('CPU', 4, dtypes.float32)\n"
-           "add(out.handle, a.handle, a.handle, 4)\n"
-           "print(out.numpy().tolist(), dict(cache.stats))\n")
-  r = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True)
+  r = run_add_in_a_new_process()
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] {'disk': 1}"  # no 'build': gcc never ran
   assert so.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("data", [b"", b"\x7fELF\x02\x01\x01 and no more"], ids=["empty", "bad ELF"])
+def test_a_cached_library_that_fails_to_load_is_rebuilt(cpu, cache_env, data):
+  so = cpu.build(ADD, ["add"])["add"].path
+  so.unlink()  # (this process has it mapped: a new file, not an overwrite)
+  so.write_bytes(data)
+  Path(f"{so}.sum").write_text(f"{hashlib.sha256(data).hexdigest()} {len(data)}\n")  # its checksum matches
+  r = run_add_in_a_new_process()
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] {'disk': 1, 'build': 1}" and "failed to load" in r.stderr
+  r = run_add_in_a_new_process()
+  assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] {'disk': 1}" and r.stderr == ""  # healed
+
+
+def mapped_libraries(d: Path) -> int:
+  """How many distinct files under `d` this process has mapped, from /proc/self/maps."""
+  with open("/proc/self/maps") as f:
+    return len({line.split()[-1] for line in f if line.rstrip().endswith(".so") and str(d) in line})
+
+
+def test_loaded_libraries_are_capped_and_evicted_kernels_load_again(cpu, cache_env, monkeypatch):
+  monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "3")
+  programs = [cpu.build(ADD.replace("a[i] + b[i]", f"a[i] + b[i] + {k}"), ["add"])["add"] for k in range(6)]
+  assert mapped_libraries(cache_env) == 3
+  a = Buffer("CPU", 5, dtypes.float32).copyin(np.arange(5, dtype=np.float32))
+  out = Buffer("CPU", 5, dtypes.float32)
+  for k, add in enumerate(programs):  # the first three were unloaded: each loads again, and another goes
+    add(out.handle, a.handle, a.handle, 5)
+    assert out.numpy().tolist() == [2 * i + k for i in range(5)]
+    assert mapped_libraries(cache_env) <= 3
+  monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "many")
+  with pytest.raises(ValueError, match="GRAFT_MAX_LIBRARIES='many'"): cpu.build(ADD, ["add"])
+
+
+def test_tensor_programs_outlive_their_libraries(cache_env, monkeypatch):
+  from tensor import Tensor
+  monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "2")
+  xs = [np.arange(n, dtype=np.float32) for n in (3, 4, 5, 6)]
+  for _ in range(2):  # the second round runs plans whose kernels' libraries were unloaded
+    for x in xs: np.testing.assert_array_equal((Tensor(x) * 3 + 1).numpy(), x * 3 + 1)
+  assert mapped_libraries(cache_env) <= 2
 
 
 def test_compile_error_shows_gcc_and_the_source(cpu):
