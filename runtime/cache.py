@@ -11,8 +11,12 @@ or `<key>.cu` (the source, kept so compiler errors and debuggers can name a real
 temporary name in the same directory, fsynced and renamed into place, the checksum last, so a concurrent process sees
 either no entry or a whole one. Because a loaded library runs with our privileges, an entry is only loaded when the
 directory and its files belong to this user and are not writable by group or others, and when the artifact's size
-and sha256 match its checksum file. A corrupt or truncated entry is rebuilt in place; an untrusted one is left alone
-and the artifact is built in the private directory instead (with a warning that says which path to fix).
+and sha256 match its checksum file. A corrupt or truncated entry is rebuilt in place, and so is one that passes its
+checksum but fails to load (`load_cached`: an empty or garbled library written whole); an untrusted one is left alone
+and the artifact is built in the private directory instead (with a warning that says which path to fix). A directory
+we may not write to (read-only) still serves the entries it has; what is missing is built in the private directory.
+The directories the cache makes (parents included) are 0700. Each kind of warning is given once per process and
+directory, not once per kernel.
 """
 from __future__ import annotations
 import atexit

@@ -16,6 +16,12 @@ e.g. `void add(float* restrict out, const float* a, int n) {`. Pointer parameter
 AArch64), so a buffer handle is a plain Python int and a call converts nothing (a cffi pointer cast costs ~0.6 us
 per argument here).
 
+Loaded libraries are capped (`MAX_LIBRARIES`, or $GRAFT_MAX_LIBRARIES): a long-running program that meets ever new
+shapes would otherwise keep every library it ever built mapped (about 70 KB of memory and 5 memory maps each).
+Loading one more than the cap unloads (dlclose) the least recently built or loaded one. A program of an unloaded
+library stays valid: its function becomes None, and its next call, failing on that, loads the library again from the
+cache (rebuilding it if the cache lost it), so a call that finds its library loaded pays nothing for the cap.
+
 Threads follow OMP_NUM_THREADS, which libgomp reads when the first kernel library loads.
 """
 from __future__ import annotations
@@ -165,11 +171,9 @@ class CPUDevice(Device):
   def library(self, source: str, cdef: str) -> Library:
     """The loaded library of `source` declared by `cdef`: built (or found in the cache) and loaded when it is not
     loaded already. Loading one more than the cap unloads the least recently used one."""
-    cc = compiler()
-    key_extra = (compiler_identity(cc), *CFLAGS, machine_identity())
+    key_extra, build = _gcc_build()
     cap = max_libraries()
-    return cache.load_cached(source, key_extra, ".so", functools.partial(compile_c, cc),
-                             lambda path: self._load(path, cdef, source, cap))[1]
+    return cache.load_cached(source, key_extra, ".so", build, lambda path: self._load(path, cdef, source, cap))[1]
 
   def _load(self, path: Path, cdef: str, source: str, cap: int) -> Library:
     key = (str(path), cdef)
@@ -217,6 +221,18 @@ def machine_identity() -> str:
 def compile_c(cc: list[str], src: Path, out: Path) -> None:
   """The one compiler call: `src` (C with OpenMP) into the shared library `out`. Raises CompileError."""
   run_compiler([*cc, *CFLAGS, "-o", str(out), str(src), "-lm"], "the C compiler", src)
+
+
+def _gcc_build() -> tuple[tuple[str, ...], Any]:
+  """The cache key's compiler part and the build function of shared libraries."""
+  cc = compiler()
+  return (compiler_identity(cc), *CFLAGS, machine_identity()), functools.partial(compile_c, cc)
+
+
+def library_path(source: str) -> Path:
+  """The cached shared library of `source`, compiled now when it is not cached yet; nothing is loaded."""
+  key_extra, build = _gcc_build()
+  return cache.build_cached(source, key_extra, ".so", build)
 
 
 # ---------------------------------------------------------------- prototypes

@@ -54,6 +54,9 @@ _ATTRIBUTES = {
 _CUDA_ERROR_OUT_OF_MEMORY = 2
 _CUDA_ERROR_DEINITIALIZED = 4
 _CUDA_ERROR_NOT_FOUND = 500
+# the driver refuses the image itself: INVALID_IMAGE, NO_BINARY_FOR_GPU, INVALID_PTX, UNSUPPORTED_PTX_VERSION,
+# INVALID_SOURCE (cuModuleLoadData reads a buffer with no length, so an empty or garbled file may look like bad PTX)
+_CUDA_IMAGE_ERRORS = frozenset({200, 209, 218, 222, 300})
 
 _CDEF = """
 typedef int CUresult;
@@ -118,6 +121,10 @@ class CUDAOutOfMemory(CUDAError, MemoryError):
   """CUDA_ERROR_OUT_OF_MEMORY: a MemoryError too, so the pool gives its memory back and the allocation is retried."""
 
 
+class CUDAInvalidImage(CUDAError):
+  """The driver refused a module image: a cached cubin that fails so is rebuilt (runtime/cache.py load_cached)."""
+
+
 # ---------------------------------------------------------------- driver
 
 def driver() -> Any:
@@ -137,6 +144,7 @@ def driver() -> Any:
 
 
 def _error_text(code: int) -> tuple[str, str]:
+  if _lib is None: return f"CUresult {code}", "(the driver is not loaded, so it cannot describe the error)"
   name, text = _ffi.new("const char **"), _ffi.new("const char **")
   n = _ffi.string(name[0]).decode() if _lib.cuGetErrorName(code, name) == 0 and name[0] else f"CUresult {code}"
   s = _ffi.string(text[0]).decode() if _lib.cuGetErrorString(code, text) == 0 and text[0] else "unknown error"
@@ -147,7 +155,8 @@ def check(call: str, code: int, context: str = "") -> None:
   """Raise CUDAError for a failed driver call `call` that returned `code`."""
   if code != 0:
     name, text = _error_text(code)
-    cls = CUDAOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CUDAError
+    cls = (CUDAOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else
+           CUDAInvalidImage if code in _CUDA_IMAGE_ERRORS else CUDAError)
     raise cls(call, code, name, text, context)
 
 
@@ -182,11 +191,16 @@ def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> None:
   run_compiler([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", str(out), str(src)], "nvcc", src)
 
 
+def _nvcc_build(arch: str) -> tuple[tuple[str, ...], Any]:
+  """The cache key's compiler part and the build function of cubins for `arch`."""
+  nvcc = find_nvcc()
+  return (nvcc_identity(nvcc), f"-arch={arch}", *NVCC_FLAGS), functools.partial(_run_nvcc, nvcc, arch)
+
+
 def cubin_path(source: str, arch: str) -> Path:
   """The cached cubin of `source` for `arch` (e.g. "sm_90"), built now by nvcc when it is not cached yet."""
-  nvcc = find_nvcc()
-  key_extra = (nvcc_identity(nvcc), f"-arch={arch}", *NVCC_FLAGS)
-  return cache.build_cached(source, key_extra, ".cubin", functools.partial(_run_nvcc, nvcc, arch))
+  key_extra, build = _nvcc_build(arch)
+  return cache.build_cached(source, key_extra, ".cubin", build)
 
 
 def compile_cuda(source: str, arch: str = "sm_90") -> bytes:
@@ -375,12 +389,10 @@ class CUDADevice(Device):
     """Compile `source` (one nvcc call for all its kernels, cached on disk) and return a program per name."""
     names = list(names)
     params = {n: kernel_params(source, n) for n in names}  # before nvcc: a misnamed kernel fails fast
-    path = cubin_path(source, self.arch)
+    key_extra, build = _nvcc_build(self.arch)
     self.activate()
-    if (module := self._modules.get(str(path))) is None:
-      mod = _ffi.new("CUmodule *")
-      _call("cuModuleLoadData", mod, _ffi.from_buffer(path.read_bytes()), context=f"loading {path}")
-      module = self._modules[str(path)] = mod[0]
+    # a cached cubin the driver refuses (CUDAInvalidImage) is rebuilt once by the cache
+    path, module = cache.load_cached(source, key_extra, ".cubin", build, self._module, unloadable=CUDAInvalidImage)
     progs = {}
     for n in names:
       fn = _ffi.new("CUfunction *")
@@ -391,6 +403,14 @@ class CUDADevice(Device):
       check("cuModuleGetFunction", code)
       progs[n] = CUDAProgram(n, self, fn[0], params[n], path)
     return progs
+
+  def _module(self, path: Path) -> Any:
+    """The loaded module of the cubin at `path` (loaded now if it is not yet)."""
+    if (module := self._modules.get(str(path))) is None:
+      mod = _ffi.new("CUmodule *")
+      _call("cuModuleLoadData", mod, _ffi.from_buffer(path.read_bytes()), context=f"loading {path}")
+      module = self._modules[str(path)] = mod[0]
+    return module
 
   def synchronize(self) -> None:
     self.activate()

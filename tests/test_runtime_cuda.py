@@ -103,6 +103,19 @@ def test_missing_driver_says_how_to_use_the_cpu(monkeypatch):
     Device.default()
 
 
+def test_failed_driver_calls_raise_errors_that_carry_the_call_and_code():
+  cuda.check("cuCtxSynchronize", 0)  # success says nothing
+  with pytest.raises(cuda.CUDAOutOfMemory, match=r"cuMemAlloc_v2 failed with .*\(2\).*; allocating 9 bytes") as e:
+    cuda.check("cuMemAlloc_v2", 2, "allocating 9 bytes")
+  assert isinstance(e.value, MemoryError) and e.value.code == 2  # so the allocator gives its pool back and retries
+  with pytest.raises(cuda.CUDAInvalidImage, match=r"cuModuleLoadData failed with .*\(200\)") as e:
+    cuda.check("cuModuleLoadData", 200)
+  assert not isinstance(e.value, MemoryError)  # the cache rebuilds an image the driver refuses
+  with pytest.raises(CUDAError, match=r"cuLaunchKernel failed with .*\(701\).*; kernel k") as e:
+    cuda.check("cuLaunchKernel", 701, "kernel k")
+  assert type(e.value) is CUDAError and e.value.error_string
+
+
 def test_parameters_come_from_the_source():
   assert kernel_params(KERNELS, "add") == ["CUdeviceptr", "CUdeviceptr", "CUdeviceptr", "int32_t"]
   assert kernel_params(KERNELS, "saxpy") == ["CUdeviceptr", "CUdeviceptr", "float", "int64_t"]
