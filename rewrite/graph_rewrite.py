@@ -5,7 +5,8 @@ from its finished sources and matched; what a rule returns is finished in turn, 
 driver recurses while the graph is shallow (cheapest in Python) and continues with an explicit stack below a depth
 budget, so depth never meets the recursion limit; top-down rewriting always uses the explicit stack. Termination
 is watched: a rewrite that returns to a node still waiting on its own rewrite is a cycle, and too many rewrites
-waiting on one another is a rewrite that grows forever; both raise RewriteLoopError naming the rules.
+waiting on one another is a rewrite that grows forever; both raise RewriteLoopError naming the rules and what the
+node was rewritten to. A rule that raises, or returns something other than a UOp or None, raises RuleError naming it.
 """
 from __future__ import annotations
 import gc, time

@@ -117,6 +117,7 @@ class Library:
   def unload(self) -> None:
     for program in list(self.programs): program.fn = None  # its next call loads the library again
     self.ffi.dlclose(self.handle)
+    self.ffi = self.handle = None  # what stays, while its programs live, is the source and declarations to reload
 
 
 class CPUProgram:
