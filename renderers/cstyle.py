@@ -171,9 +171,20 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
       if depth == 1: outer_vars[f"v{i}"] = lang.type(u.dtype)
     if u.op is Ops.RANGE:
       depth += 1
-      if lang.outline_parallel and depth == 2 and u.arg[-1] == "parallel": outlining = (u, len(lines))
+      if lang.outline_parallel and depth == 2 and u.arg[-1] == "parallel" and _holds_a_loop(linear.src, i):
+        outlining = (u, len(lines))
   params = ", ".join(kernel_params(linear, lang))
   return "\n".join([*helpers, f"{lang.kernel_prefix} {name}({params}) {{", *(prefix_lines or []), *lines, "}"])
+
+
+def _holds_a_loop(program: tuple[UOp, ...], i: int) -> bool:
+  """Whether the loop opened at program[i] has a loop inside it. Only such a body is worth a function of its own:
+  a body without one would be a call per element, where gcc vectorizes the parallel loop itself."""
+  end = UOp(Ops.END, src=(program[i],))
+  for u in program[i + 1:]:
+    if u is end: return False
+    if u.op is Ops.RANGE: return True
+  return False
 
 
 def _outline(fn: str, index: str, body: list[str], outer_vars: dict[str, str], params: list[str], helpers: list[str]) -> str:

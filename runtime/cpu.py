@@ -33,7 +33,7 @@ from typing import Any
 import cffi
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device, parameter_types, run_compiler
+from runtime.device import Allocator, CompileError, Device, host_memory_bytes, parameter_types, run_compiler
 
 # no -ffast-math: results must match numpy bit for bit where C allows; errno is never read, so it can go
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
@@ -101,6 +101,7 @@ class CPUDevice(Device):
 
   def __init__(self):
     self.allocator = CPUAllocator()
+    self.memory_bytes = host_memory_bytes()
     self._libs: dict[tuple[str, str], Any] = {}
 
   def build(self, source: str, names: list[str]) -> dict[str, CPUProgram]:
