@@ -46,6 +46,8 @@ class Buffer:
       raise TypeError(f"Buffer dtype must be a scalar rewrite.dtypes.DType (dtypes.float32, ...), got {dtype!r}")
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
       raise ValueError(f"Buffer size must be a non-negative int of elements, got {size!r}")
+    if size * dtype.itemsize > MAX_BYTES:
+      raise ValueError(f"Buffer of {size} {dtype.name} elements: {size * dtype.itemsize} bytes do not fit in 64 bits")
     self.device, self.size, self.dtype = canonical_name(device), int(size), dtype
     self._handle = None
     self._allocator = None

@@ -99,6 +99,15 @@ def test_what_is_computed_from_an_int64_index_stays_int64():
   assert cmp.dtype is dtypes.bool and cmp.src[0].dtype is i64 and cmp.src[1] is widths(loop(10, "small")).cast(i64)
 
 
+@pytest.mark.parametrize("gpu", [False, True])
+def test_kernels_of_ordinary_sizes_have_no_64_bit_index(gpu):
+  x, w = Tensor.ones(512, 300), Tensor.ones(200, 300)
+  for linear in gpu_or_cpu_linear(x.softmax(1), x @ w.T, (x + 1).sum(0), Tensor.arange(100_000) * 2, gpu=gpu):
+    counters = {u.dtype for u in linear.src if u.op in (Ops.RANGE, Ops.SPECIAL)}
+    offsets = {u.src[1].dtype for u in linear.src if u.op is Ops.INDEX}
+    assert counters <= {i32} and offsets == {i32}, render(linear, gpu)
+
+
 def test_no_index_dtype_is_left_for_the_renderer():
   k = (Tensor.ones(3, 5) + Tensor.arange(5)).sum(1)
   linear = gpu_or_cpu_linear(k, gpu=False)[0]
@@ -231,6 +240,8 @@ def test_a_size_past_64_bits_is_a_value_error():
     Tensor.zeros(2**62).pad(((0, 2**62),))
   with pytest.raises(ValueError, match=r"arange\(0, 18446744073709551616, 1\): .* more than a 64-bit index"):
     Tensor.arange(2**64)
+  with pytest.raises(ValueError, match=r"Buffer of 2305843009213693952 float64 elements: .* do not fit in 64 bits"):
+    Buffer("CPU", 2**61, dtypes.float64)
 
 
 def test_a_broadcast_error_names_each_operand_once():
