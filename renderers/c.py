@@ -6,7 +6,7 @@ that gcc vectorizes it without licence to reorder anything else (no -ffast-math)
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
-from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 
 # exp2 and log2 of float written out branch-free, so that gcc vectorizes the loops that call them (libm's exp2f and
 # log2f are scalar calls without -ffast-math). Both are within 2 ulp of libm over the whole float range, and keep
@@ -59,7 +59,7 @@ C = CLanguage(headers=Language().headers + (PRELUDE,), outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:
-  head = f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
+  head = loop_head(ctx, r)
   mark = r.arg[-1]
   if mark == "parallel": return f"#pragma omp parallel for\n{head}"
   if mark == "simd" and (reds := ctx.accumulators.get(r)):

@@ -82,6 +82,11 @@ def reduce_identity(ctx: RenderContext, red: UOp) -> str:
   return ctx.lang.literal(red.dtype, dtypes.min(red.dtype))
 
 
+def loop_head(ctx: RenderContext, r: UOp) -> str:
+  # the counter has the loop's own type: int64 where the index_width stage found that the trip count needs it
+  return f"for ({ctx.lang.type(r.dtype)} {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
+
+
 cstyle_rules = PatternMatcher([
   (UPat(Ops.CONST, name="c"), lambda ctx, c: ctx.lang.literal(c.dtype, c.arg)),
   (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}"),
@@ -92,7 +97,7 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), lambda ctx, idx, val: f"*{ctx[idx]} = {ctx[val]};"),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"), UPat.var("gate"))),
    lambda ctx, idx, val, gate: f"if ({ctx[gate]}) *{ctx[idx]} = {ctx[val]};"),
-  (UPat(Ops.RANGE, name="r"), lambda ctx, r: f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"),
+  (UPat(Ops.RANGE, name="r"), loop_head),
   (UPat(Ops.END), lambda: "}"),
   (UPat(Ops.DEFINE_ACC, name="a"), lambda ctx, a: f"{ctx.lang.type(a.dtype)} {ctx.names[a.src[0]]} = {reduce_identity(ctx, a.src[0])};"),
   (UPat(Ops.ASSIGN, name="a"), _reduce_update),
@@ -152,7 +157,8 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
     if u.op is Ops.END: depth -= 1
     if outlining is not None and u.op is Ops.END and u.src[0] is outlining[0]:
       body, lines[outlining[1]:] = lines[outlining[1]:], []
-      call = _outline(f"{name}_body{len(helpers)}", ctx[u.src[0]], body, outer_vars, kernel_params(linear, lang), helpers)
+      call = _outline(f"{name}_body{len(helpers)}", f"{lang.type(u.src[0].dtype)} {ctx[u.src[0]]}", body, outer_vars,
+                      kernel_params(linear, lang), helpers)
       lines.append("  " * (depth + 1) + call)
       outlining = None
     if u.op is Ops.RANGE or u.op in STATEMENTS:
@@ -165,15 +171,27 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
       if depth == 1: outer_vars[f"v{i}"] = lang.type(u.dtype)
     if u.op is Ops.RANGE:
       depth += 1
-      if lang.outline_parallel and depth == 2 and u.arg[-1] == "parallel": outlining = (u, len(lines))
+      if lang.outline_parallel and depth == 2 and u.arg[-1] == "parallel" and _holds_a_loop(linear.src, i):
+        outlining = (u, len(lines))
   params = ", ".join(kernel_params(linear, lang))
   return "\n".join([*helpers, f"{lang.kernel_prefix} {name}({params}) {{", *(prefix_lines or []), *lines, "}"])
 
 
+def _holds_a_loop(program: tuple[UOp, ...], i: int) -> bool:
+  """Whether the loop opened at program[i] has a loop inside it. Only such a body is worth a function of its own:
+  a body without one would be a call per element, where gcc vectorizes the parallel loop itself."""
+  end = UOp(Ops.END, src=(program[i],))
+  for u in program[i + 1:]:
+    if u is end: return False
+    if u.op is Ops.RANGE: return True
+  return False
+
+
 def _outline(fn: str, index: str, body: list[str], outer_vars: dict[str, str], params: list[str], helpers: list[str]) -> str:
-  """Move a parallel loop's body into a function of its own; return the call that replaces it."""
+  """Move a parallel loop's body into a function of its own; return the call that replaces it. `index` declares the
+  loop's counter ("int ridx0")."""
   used = [v for v in outer_vars if re.search(rf"\b{v}\b", "\n".join(body))]
   args = [p.rsplit(" ", 1)[1] for p in params]
-  helpers.append("\n".join([f"static __attribute__((noinline)) void {fn}(int {index}, {', '.join(params + [f'{outer_vars[v]} {v}' for v in used])}) {{",
+  helpers.append("\n".join([f"static __attribute__((noinline)) void {fn}({', '.join([index] + params + [f'{outer_vars[v]} {v}' for v in used])}) {{",
                             *(line[4:] for line in body), "}", ""]))
-  return f"{fn}({', '.join([index] + args + used)});"
+  return f"{fn}({', '.join([index.rsplit(' ', 1)[1]] + args + used)});"

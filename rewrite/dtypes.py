@@ -66,8 +66,9 @@ class dtypes:
   float32 = DType("float32", 4, 'f', "float", "float32")
   float64 = DType("float64", 8, 'f', "double", "float64")
   void = DType("void", 0, 'v', "void", None)
-  # the integer type of index arithmetic
-  index = int32
+  # the integer of index arithmetic (loop counters, offsets): 64-bit, so that bounds of index expressions are exact;
+  # the index_width stage (rules/index_width.py) gives each index node int32 or int64 before it is rendered
+  index = DType("index", 8, 'i', "long long", "int64")
   default_float = float32
   default_int = int32
 

@@ -29,7 +29,8 @@ same UOps, which hash-consing shares, so the row is read from memory once and ke
 Where the sizes do not divide, a thread past the end works on the last valid element (so every load stays in bounds
 and every thread reaches the block's BARRIER) and its store is gated off (`STORE(index, value, gate)`); its share of
 a reduction is the reduction's identity. Launch sizes are the SPECIALs' sizes: `launch_dims` reads them off the
-linear kernel, always within CUDA's limits (MAX_THREADS threads per block, MAX_GRID blocks).
+linear kernel, always within CUDA's limits (MAX_THREADS threads per block, MAX_GRID blocks): a kernel that needs more
+blocks loops over them, the launched blocks taking every MAX_GRID-th one in turn (`grid`: a grid-stride loop).
 
 Stage `gpu_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
 folds the thread-index arithmetic back into flat indices.
@@ -138,6 +139,17 @@ def special(name: str, size: int) -> UOp:
   return UOp.const(dtypes.index, 0) if size == 1 else UOp(Ops.SPECIAL, dtypes.index, (), (name, size))
 
 
+def grid(blocks: int) -> tuple[UOp, UOp | None]:
+  """(the index of a block among `blocks`, the guard that it is one, or None where every index is). Within a grid's
+  limit that is gidx0 itself; past it, a grid-stride loop: the launched blocks take blocks b, b + g, b + 2g, ..."""
+  if blocks <= MAX_GRID: return special("gidx0", blocks), None
+  turns = -(-blocks // MAX_GRID)
+  g = -(-blocks // turns)
+  turn = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, turns),), ("out", -1, "grid stride"))  # outermost
+  b = turn * g + special("gidx0", g)
+  return b, (b < blocks if turns * g != blocks else None)
+
+
 def split(flat: UOp, sizes: list[int]) -> list[UOp]:
   """The indices of loops of `sizes` (outermost first) that run through `flat` in row-major order."""
   out, stride = [], math.prod(sizes)
@@ -239,7 +251,8 @@ def block_threads(n: int) -> int:
 
 
 def _gate(st: UOp, gate: UOp | None) -> UOp:
-  return st if gate is None else UOp(Ops.STORE, st.dtype, (*st.src[:2], gate))
+  if gate is None: return st
+  return UOp(Ops.STORE, st.dtype, (*st.src[:2], gate if len(st.src) < 3 else st.src[2] & gate))
 
 
 def map_flat(sink: UOp, outs: list[UOp]) -> UOp:
@@ -247,10 +260,9 @@ def map_flat(sink: UOp, outs: list[UOp]) -> UOp:
   n = math.prod(sizes)
   threads = FLAT_THREADS if n >= FLAT_THREADS else -(-n // 32) * 32
   blocks = -(-n // threads)
-  assert blocks <= MAX_GRID, f"{n} outputs need {blocks} blocks, more than a grid holds"
-  gidx, lidx = special("gidx0", blocks), special("lidx0", threads)
+  (gidx, in_grid), lidx = grid(blocks), special("lidx0", threads)
   flat = lidx if blocks == 1 else gidx * threads + lidx
-  guard = flat < n if n % threads else None
+  guard = flat < n if n % threads or in_grid is not None else None
   idx = guard.where(flat, n - 1) if guard is not None else flat
   stores = [_gate(st, guard) for st in sink.src]
   return substitute(sink.replace(src=tuple(stores)), dict(zip(outs, split(idx, sizes))))
@@ -262,9 +274,10 @@ def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UO
   longest = max(math.prod(r.src[0].arg for r in red.src[1:]) for red in top)
   threads = block_threads(longest)
   nrows = math.prod(r.src[0].arg for r in rows)
-  assert nrows <= MAX_GRID and threads <= MAX_THREADS
-  gidx, lidx = special("gidx0", nrows), special("lidx0", threads)
-  replace: dict[UOp, UOp] = dict(zip(rows, split(gidx, [r.src[0].arg for r in rows])))
+  assert threads <= MAX_THREADS
+  (gidx, in_grid), lidx = grid(nrows), special("lidx0", threads)
+  row = gidx if in_grid is None else in_grid.where(gidx, nrows - 1)  # a block past the end reads the last row
+  replace: dict[UOp, UOp] = dict(zip(rows, split(row, [r.src[0].arg for r in rows])))
   # each reduction: a partial value per thread, then the block's combine
   for i, red in enumerate(top):
     rr = list(red.src[1:])
@@ -285,6 +298,7 @@ def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UO
     for c, (f, guard) in enumerate(tl.steps()):
       sub = dict(zip(cols, split(f, csizes)))
       stores += [_gate(substitute(st, sub, ("col", c)), guard) for st in sink.src]
+  stores = [_gate(st, in_grid) for st in stores]  # and writes nothing
   return substitute(sink.replace(src=tuple(stores)), replace, top_down=True)
 
 

@@ -82,7 +82,7 @@ lower_rules = PatternMatcher([
    lambda i, x: x.replace(src=tuple(indexed(s, i.src[1:]) for s in x.src))),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)),), allow_any_len=True), index_view),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(name="x"),)),), allow_any_len=True), index_reduce),
-  (UPat(Ops.INDEXED, src=(UPat(Ops.IOTA), UPat.var("idx"))), lambda idx: idx),
+  (UPat(Ops.INDEXED, src=(UPat(Ops.IOTA, name="iota"), UPat.var("idx"))), lambda iota, idx: idx.cast(iota.dtype)),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.CONST, name="c"),), allow_any_len=True), lambda i, c: c),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.BUFFER, name="b"), UPat.var("idx"))),
    lambda ctx, i, b, idx: UOp(Ops.LOAD, i.dtype, (UOp(Ops.INDEX, b.dtype.ptr(), (ctx.define_global(b), idx)),))),

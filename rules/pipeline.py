@@ -16,6 +16,7 @@ from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
 from .linearize import opt_rules, linearize_rules, OptContext
 from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
+from .index_width import index_width_rules
 
 
 @dataclass
@@ -124,6 +125,7 @@ pipeline = Pipeline([
   Stage("gpu", gpu_rules, "kernel", applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
+  Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
 ])
 

@@ -5,6 +5,7 @@ still two buffers). Its memory comes from `get_device(device).allocator` the fir
 can name buffers that a plan later decides never to fill.
 """
 from __future__ import annotations
+import math
 import numpy as np
 
 from rewrite.dtypes import DType
@@ -16,6 +17,27 @@ def _np_dtype(dtype: DType) -> np.dtype:
   return dtype.np if dtype.np is not None else np.dtype(f"uint{8 * dtype.itemsize}")
 
 
+MAX_BYTES = 2**63 - 1  # sizes and byte offsets are signed 64-bit integers (C's ptrdiff_t, the kernels' int64)
+
+
+def _human(nbytes: int) -> str:
+  """1536 -> '1.5 KiB'."""
+  i = min(max(nbytes.bit_length() - 1, 0) // 10, 6)
+  return f"{nbytes} B" if i == 0 else f"{nbytes / (1 << 10 * i):.1f} {('KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB')[i - 1]}"
+
+
+def check_allocatable(device: str, shape: tuple[int, ...], dtype: DType) -> int:
+  """The bytes of a buffer of `shape` and `dtype` on `device`, checked before anything is compiled for it:
+  ValueError when they do not fit in 64 bits, MemoryError when the device does not have that much memory at all."""
+  nbytes = math.prod(shape) * dtype.itemsize
+  what = f"a buffer of shape {tuple(shape)} and dtype {dtype.name} ({_human(nbytes)}, {nbytes} bytes)"
+  if nbytes > MAX_BYTES: raise ValueError(f"{what}: its size does not fit in 64 bits")
+  total = get_device(device).memory_bytes
+  if total is not None and nbytes > total:
+    raise MemoryError(f"cannot allocate {what} on {device}: the device has {_human(total)} of memory in all")
+  return nbytes
+
+
 class Buffer:
   __slots__ = ("device", "size", "dtype", "_handle", "_allocator", "__weakref__")
 
@@ -24,6 +46,8 @@ class Buffer:
       raise TypeError(f"Buffer dtype must be a scalar rewrite.dtypes.DType (dtypes.float32, ...), got {dtype!r}")
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
       raise ValueError(f"Buffer size must be a non-negative int of elements, got {size!r}")
+    if size * dtype.itemsize > MAX_BYTES:
+      raise ValueError(f"Buffer of {size} {dtype.name} elements: {size * dtype.itemsize} bytes do not fit in 64 bits")
     self.device, self.size, self.dtype = canonical_name(device), int(size), dtype
     self._handle = None
     self._allocator = None

@@ -41,7 +41,7 @@ from typing import Any
 import cffi
 
 from runtime import cache
-from runtime.device import Allocator, CompileError, Device, parameter_types, run_compiler
+from runtime.device import Allocator, CompileError, Device, host_memory_bytes, parameter_types, run_compiler
 
 # no -ffast-math: results must match numpy bit for bit where C allows; errno is never read, so it can go
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
@@ -160,6 +160,7 @@ class CPUDevice(Device):
 
   def __init__(self):
     self.allocator = CPUAllocator()
+    self.memory_bytes = host_memory_bytes()
     # loaded libraries by (path, cdef), least recently built or loaded first; at most max_libraries() of them
     self._libs: collections.OrderedDict[tuple[str, str], Library] = collections.OrderedDict()
 

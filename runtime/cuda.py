@@ -71,6 +71,7 @@ typedef struct CUevent_st *CUevent;
 CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxSynchronize(void);
@@ -368,6 +369,9 @@ class CUDADevice(Device):
     self.max_grid_dims = (attrs["max_grid_dim_x"], attrs["max_grid_dim_y"], attrs["max_grid_dim_z"])
     self.shared_memory_per_block = attrs["shared_memory_per_block"]
     self.multiprocessor_count = attrs["multiprocessor_count"]
+    total = _ffi.new("size_t *")
+    _call("cuDeviceTotalMem_v2", total, self.cu_device)
+    self.memory_bytes = total[0]
     self.device_name = f"CUDA:{ordinal} ({self.arch})"
     # the primary context is the one the runtime API (and so PyTorch, CuPy) shares: retaining it never makes a
     # second context on the GPU

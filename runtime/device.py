@@ -98,10 +98,18 @@ class Allocator:
   def copyout(self, dst: memoryview, handle: Any) -> None: raise NotImplementedError
 
 
+def host_memory_bytes() -> int | None:
+  """The machine's physical memory in bytes (None where the OS does not say)."""
+  try: return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError): return None
+
+
 class Device:
   """A place kernels run. Subclasses set `name`, `allocator` and `renderer_module`, and implement `build`."""
   name: str
   allocator: Allocator
+  # all the memory the device has, in bytes (None: unknown): no buffer larger than this can ever be allocated
+  memory_bytes: int | None = None
   # the module of renderers/ whose module-level `renderer` renders for this device; imported on first use so that
   # the runtime can run hand-written kernels before (or without) the renderers
   renderer_module: str

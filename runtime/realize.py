@@ -14,7 +14,7 @@ from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
-from .buffer import Buffer
+from .buffer import Buffer, check_allocatable
 from .device import get_device, canonical_name
 
 
@@ -150,6 +150,7 @@ def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
   run = Run(devices[0] if devices else "CPU")
   run.device_loops = bool(devices) and getattr(get_device(run.device).renderer, "device_loops", False)
   kernels, realized = schedule(uops, devices, run)
+  for shape, buf in new_buffers(kernels): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
   def ref(b: UOp): return b if isinstance(b.arg, NewBuffer) else weakref.ref(b.arg)
   plan = _Plan([], [(u.dtype, u.arg, ref(u.src[0])) for u in realized],
                run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) +
@@ -184,6 +185,13 @@ def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
   _kernels.update(new)
   _by_name.update(new_by_name)
   return plan
+
+
+def new_buffers(kernels: list[UOp]) -> list[tuple[tuple[int, ...], UOp]]:
+  """(shape, BUFFER) of each buffer the schedule creates: the shape a kernel stores, or the size a copy writes."""
+  written = [(st.src[0].arg.shape, st.src[0].src[0]) for k in kernels if k.op is Ops.KERNEL for st in k.src]
+  written += [((k.src[0].arg.size,), k.src[0]) for k in kernels if k.op is Ops.COPY]
+  return [(shape, b) for shape, b in written if isinstance(b.arg, NewBuffer)]
 
 
 def run_schedule(sched: Schedule) -> float:

@@ -1,7 +1,10 @@
 """Reading the user's arguments: shapes and int lists (given as ints or one tuple), axes, devices. Each check raises
 at the user's call, with a message naming the call and the values it got."""
 from __future__ import annotations
+import math
 import numpy as np
+
+MAX_ELEMENTS = 2**63 - 1  # kernels index elements with signed 64-bit integers at most
 
 
 class AxisError(ValueError, IndexError):
@@ -20,6 +23,13 @@ def shape_arg(args: tuple, what: str) -> tuple[int, ...]:
   """A shape, as ints or one tuple; every dimension >= 0."""
   shape = ints(args, what)
   if any(s < 0 for s in shape): raise ValueError(f"{what}: shape {shape} has a negative dimension")
+  return countable(shape, what)
+
+
+def countable(shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+  """`shape`, whose elements a 64-bit index can count (ValueError otherwise)."""
+  if (n := math.prod(shape)) > MAX_ELEMENTS:
+    raise ValueError(f"{what}: shape {shape} has {n} elements, more than a 64-bit index can count (2**63 - 1)")
   return shape
 
 

@@ -31,7 +31,8 @@ def operands(*xs, dtype: DType | None = None, like=None) -> list:
   Scalars become constants on the device of the first tensor (or of `like`, which also joins the broadcast)."""
   like = like if like is not None else next(x for x in xs if hasattr(x, "uop"))
   xs = tuple(_as_operand(x, like) for x in xs)
-  tensors = [like] + [x for x in xs if not is_scalar(x)]
+  # each operand once (`like` is usually one of xs), in the order the user gave them
+  tensors = ([] if any(x is like for x in xs) else [like]) + [x for x in xs if not is_scalar(x)]
   if len({t.device for t in tensors}) > 1:
     raise ValueError(f"operands live on different devices ({', '.join(t.device for t in tensors)}): move them with .to()")
   dt = dtype or result_dtype(xs)

@@ -10,7 +10,7 @@ import numpy as np
 from rewrite import UOp, Ops, dtypes
 from rules.view import View
 from rules.shapes import shape_of
-from .args import ints, normalize_axes, axis_of, AxisError
+from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype
 
 
@@ -85,6 +85,7 @@ class MovementMixin:
     shape = tuple(p if s == -1 else s for s, p in zip(shape, padded))
     if any(p != s and p != 1 for s, p in zip(shape, padded)) or any(s < 0 for s in shape):
       raise ValueError(f"cannot expand a tensor of shape {self.shape} to {shape}: only size-1 dimensions can grow")
+    countable(shape, f"expand of a tensor of shape {self.shape}")
     return self.reshape(padded)._view(lambda v: v.expand(shape))
 
   def broadcast_to(self, shape: tuple[int, ...]):
@@ -98,6 +99,7 @@ class MovementMixin:
     if any(b < 0 or a < 0 for b, a in padding):
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: pads must be >= 0 (use shrink to cut)")
     if all(p == (0, 0) for p in padding): return self
+    countable(tuple(s + b + a for s, (b, a) in zip(self.shape, padding)), f"pad {padding} of a tensor of shape {self.shape}")
     out = self._view(lambda v: v.pad(padding))
     if value == 0: return out  # a masked-off element of a View reads 0
     # elsewhere: where(the padded ones mask, x, value); the mask is a padded constant, so no buffer either

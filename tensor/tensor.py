@@ -15,7 +15,7 @@ import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
 from rules.view import View
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
-from .args import shape_arg, device_name
+from .args import shape_arg, device_name, countable
 from .elementwise import ElementwiseMixin
 from .reduce import ReduceMixin
 from .movement import MovementMixin
@@ -168,15 +168,21 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
 
   @classmethod
   def arange(cls, start, stop=None, step=1, dtype=None, device=None) -> Tensor:
-    """start, start+step, ... up to stop (exclusive), like np.arange; int when all three are ints, else float32."""
+    """start, start+step, ... up to stop (exclusive), like np.arange; int32 when all three are ints (int64 where the
+    values do not fit in int32), else float32."""
     if stop is None: start, stop = 0, start
     start, stop, step = py_scalar(start), py_scalar(stop), py_scalar(step)
     if not all(is_scalar(v) for v in (start, stop, step)): raise TypeError(f"arange({start}, {stop}, {step}) needs numbers")
     if step == 0: raise ValueError(f"arange({start}, {stop}, {step}): step must not be 0")
-    n = max(0, math.ceil((stop - start) / step))
+    exact = all(isinstance(v, int) for v in (start, stop, step))  # int division: a float's 53 bits could round n
+    n = max(0, -((start - stop) // step) if exact else math.ceil((stop - start) / step))
+    countable((n,), f"arange({start}, {stop}, {step})")
     dt = dtypes.from_py([start, stop, step]) if dtype is None else to_dtype(dtype)
     if dt.is_bool: dt = dtypes.default_int
-    iota = cls._from_uop(UOp(Ops.IOTA, dtypes.int32, (), n), (n,), device_name(device)).cast(dt)
+    if dtype is None and dt is dtypes.int32 and n and not _fits(dt, start, start + (n - 1) * step): dt = dtypes.int64
+    # the element number itself is an int64 where it counts past 2**31 - 1 (the index_width stage picks the same)
+    iota = cls._from_uop(UOp(Ops.IOTA, dtypes.int32 if n <= 2**31 else dtypes.int64, (), n), (n,), device_name(device))
+    iota = iota.cast(dt)
     if step != 1: iota = iota * step
     return iota + start if start != 0 else iota
 
@@ -186,6 +192,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
     m = n if m is None else m
     rows = cls.arange(n, device=device).reshape(n, 1)
     return (rows == cls.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype) if dtype else dtypes.default_float)
+
+
+def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)
 
 
 def _is_const(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.CONST

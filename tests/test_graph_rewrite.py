@@ -3,7 +3,7 @@ import pytest
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, graph_rewrite, RewriteLoopError, RuleError
 
 i32 = dtypes.int32
-x, y = UOp.variable("x", 0, 10), UOp.variable("y", 0, 10)
+x, y = UOp.variable("x", 0, 10, i32), UOp.variable("y", 0, 10, i32)
 
 identities = PatternMatcher([
   (UPat.var("a") + 0, lambda a: a),
@@ -182,9 +182,9 @@ def test_a_rewritten_leaf_is_finished_once():
   calls = []
   def rename(v):
     calls.append(v)
-    return UOp.variable("z", 0, 10) if v.arg[0] == "x" else None
+    return UOp.variable("z", 0, 10, i32) if v.arg[0] == "x" else None
   pm = PatternMatcher([(UPat(Ops.DEFINE_VAR, name="v"), rename)])
-  z = UOp.variable("z", 0, 10)
+  z = UOp.variable("z", 0, 10, i32)
   assert graph_rewrite((x + y) * x, pm) is (z + y) * z
   assert sorted(v.arg[0] for v in calls) == ["x", "y", "z"]
 

@@ -15,7 +15,7 @@ simplify = PatternMatcher([(UPat.var("a") + 0, drop_zero),
 
 
 def run_some_rewrites():
-  x = UOp.variable("x", 0, 10)
+  x = UOp.variable("x", 0, 10, i32)
   k = lambda v: UOp.const(i32, v)
   graph_rewrite((x + 0) * (k(1) + k(2)), simplify)
   graph_rewrite(x + (k(3) + k(-3)), simplify)
@@ -51,7 +51,7 @@ def test_level_one_collects_stages_only():
 
 
 def test_results_do_not_depend_on_statistics():
-  x = UOp.variable("x", 0, 10)
+  x = UOp.variable("x", 0, 10, i32)
   e = (x + 0) * (UOp.const(i32, 1) + UOp.const(i32, 2))
   plain = graph_rewrite(e, simplify)
   with stats.collect(): timed = graph_rewrite(e, simplify)

@@ -30,7 +30,7 @@ def test_a_uop_has_no_truth_value():
 # ---- hash-consing ----
 
 def test_equal_nodes_are_the_same_object():
-  x = UOp.variable("x", 0, 7)
+  x = UOp.variable("x", 0, 7, dtypes.int32)
   assert UOp(Ops.ADD, dtypes.int32, (x, UOp.const(dtypes.int32, 1))) is (x + 1)
   assert UOp.const(dtypes.float32, 2.0) is UOp.const(dtypes.float32, 2.0)
   assert (x * 2 + 1) is (x * 2 + 1)
@@ -92,7 +92,7 @@ def test_pickled_graph_unpickles_to_an_equal_graph_after_the_original_died():
 
 
 def test_replace():
-  x, y = UOp.variable("x", 0, 10), UOp.variable("y", 0, 10)
+  x, y = UOp.variable("x", 0, 10, dtypes.int32), UOp.variable("y", 0, 10, dtypes.int32)
   e = x + y
   assert e.replace(op=Ops.MUL) is x * y
   assert e.replace(src=[y, x]) is y + x      # any sequence of sources becomes a tuple
@@ -135,7 +135,7 @@ def test_pretty_prints_shared_nodes_once():
 # ---- sugar and helpers ----
 
 def test_operator_sugar_builds_alu_nodes():
-  x, y = UOp.variable("x", 0, 10), UOp.variable("y", 0, 10)
+  x, y = UOp.variable("x", 0, 10, dtypes.int32), UOp.variable("y", 0, 10, dtypes.int32)
   i = dtypes.int32
   one = UOp.const(i, 1)
   assert (x + y).op is Ops.ADD and (x + y).src == (x, y)

@@ -3,7 +3,7 @@ import pytest
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
 i32, f32 = dtypes.int32, dtypes.float32
-x, y = UOp.variable("x", 0, 10), UOp.variable("y", 0, 10)
+x, y = UOp.variable("x", 0, 10, i32), UOp.variable("y", 0, 10, i32)
 
 
 def captures(pat: UPat, u: UOp):
