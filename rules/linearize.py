@@ -164,19 +164,20 @@ def loop_chains(sink: UOp) -> dict[UOp, tuple[UOp, ...]]:
   Loops nest by `nesting_key`, and loops of equal key in order of appearance."""
   ranges = open_ranges(sink)
   order = {r: (nesting_key(r), i) for i, r in enumerate(n for n in sink.toposort if n.op is Ops.RANGE)}
-  nests = {rs: sorted(rs, key=order.__getitem__) for rs in dict.fromkeys(ranges.values())}
-  # the SINK is inside every loop and says nothing about their nesting
-  facts = [nest for rs, nest in nests.items() if rs is not ranges[sink]]
-  facts += [sorted(ranges[n].union(n.src[1:]), key=order.__getitem__) for n in sink.toposort if n.op is Ops.REDUCE]
+  # the loops each node runs in, and each reduction's loops with those of its REDUCE (the SINK, inside every loop,
+  # says nothing about their nesting)
+  facts = dict.fromkeys(rs for n, rs in ranges.items() if n.op is not Ops.SINK)
+  facts.update(dict.fromkeys(ranges[n].union(n.src[1:]) for n in ranges if n.op is Ops.REDUCE))
   parent: dict[UOp, UOp | None] = {}
-  for nest in facts:
+  for rs in facts:
+    nest = sorted(rs, key=order.__getitem__)
     for outer, r in zip((None, *nest), nest):
       if r not in parent or (outer is not None and (parent[r] is None or order[outer] > order[parent[r]])): parent[r] = outer
   chains: dict[UOp | None, tuple[UOp, ...]] = {None: ()}
   def chain(r: UOp | None) -> tuple[UOp, ...]:
     if r not in chains: chains[r] = chain(parent[r]) + (r,)
     return chains[r]
-  innermost = {rs: chain(nest[-1]) if nest else () for rs, nest in nests.items()}
+  innermost = {rs: chain(max(rs, key=order.__getitem__)) if rs else () for rs in dict.fromkeys(ranges.values())}
   return {n: innermost[rs] for n, rs in ranges.items()}
 
 
