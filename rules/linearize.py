@@ -6,9 +6,10 @@ gains "simd"). Values are unchanged; only how loops run.
 
 Stage `linearize` (rule set `linearize_rules`): the loop-level graph `SINK(STORE...)` becomes `SINK` of an ordered
 instruction list, arg "linear": each loop is `RANGE ... END(RANGE)`, each node comes after its sources, inside the
-loops whose indices it uses and none nested in the innermost of them (loop-invariant work is hoisted), and each `REDUCE` becomes
-`DEFINE_ACC(REDUCE)` before its loops, `ASSIGN(REDUCE)` (acc = acc op value) at the end of its innermost loop, and
-the REDUCE itself (its result) after the loops. Reductions over the same loops (an unrolled tile) share one loop.
+loops whose indices it uses and none nested in the innermost of them (loop-invariant work is hoisted), and each
+`REDUCE` becomes `DEFINE_ACC(REDUCE)` before its loops, `ASSIGN(REDUCE)` (acc = acc op value) at the end of its
+innermost loop, and the REDUCE itself (its result) after the loops. Reductions over the same loops (an unrolled
+tile) share one loop.
 Rules: `start_kernel_block` wraps each statement in a BLOCK naming the chain of loops it runs in (`loop_chains`);
 in each block, `open_reduction_loop` gathers a reduction's loop into one closed block (BLOCKEND) just before its
 first REDUCE, behind the accumulators and what they need, and `nest_loops_after_statements` gathers every other
@@ -172,7 +173,8 @@ def loop_chains(sink: UOp) -> dict[UOp, tuple[UOp, ...]]:
   for rs in facts:
     nest = sorted(rs, key=order.__getitem__)
     for outer, r in zip((None, *nest), nest):
-      if r not in parent or (outer is not None and (parent[r] is None or order[outer] > order[parent[r]])): parent[r] = outer
+      if r not in parent or (outer is not None and (parent[r] is None or order[outer] > order[parent[r]])):
+        parent[r] = outer
   chains: dict[UOp | None, tuple[UOp, ...]] = {None: ()}
   def chain(r: UOp | None) -> tuple[UOp, ...]:
     if r not in chains: chains[r] = chain(parent[r]) + (r,)

@@ -38,7 +38,8 @@ def check_contract(linear: UOp):
   """The stage's output contract: each loop RANGE ... END(RANGE); each node after its sources, inside every loop it
   uses, and in no loop inside its innermost one (invariant work hoisted); each REDUCE's DEFINE_ACC before its loops,
   its ASSIGN in its innermost loop, and the REDUCE after them."""
-  ranges = open_ranges(UOp(Ops.SINK, src=tuple(u for u in linear.src if u.op not in (Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN))))
+  values = tuple(u for u in linear.src if u.op not in (Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN))
+  ranges = open_ranges(UOp(Ops.SINK, src=values))
   done: set[UOp] = set()
   stack: list[UOp] = []
   for u in linear.src:
@@ -116,7 +117,8 @@ def test_a_nested_reduction_runs_inside_the_loop_of_the_outer_one():
   inner = total(load(2, k * 5 + j), j)
   outer = total(load(1, k) * inner, k)
   lin = linearize(store(0, UOp.const(dtypes.int32, 0), outer))
-  assert names(lin) == ["acc", "k{", "load", "acc", "j{", "load", "update", "}j", "reduce", "update", "}k", "reduce", "store"]
+  assert names(lin) == ["acc", "k{", "load", "acc", "j{", "load", "update", "}j", "reduce", "update", "}k",
+                        "reduce", "store"]
 
 
 def test_a_reduction_over_two_loops_updates_in_the_inner_one():
@@ -187,9 +189,15 @@ def test_every_kernel_meets_the_contract(name, mode):
     if k.op is Ops.KERNEL: check_contract(lower_kernel(normalize(k)[0], run()))
 
 
+def linear_matmul() -> UOp:
+  """x @ W.T through the CPU pipeline: one kernel."""
+  kernels, _ = schedule([(T(64, 128) @ T(96, 128).T).uop], ["CPU"], Run("CPU"))
+  return lower_kernel(normalize(kernels[0])[0], Run("CPU"))
+
+
 def test_an_unrolled_tile_shares_one_reduction_loop():
   # x @ W.T on a CPU: a 4x4 tile of outputs, 16 accumulators over one loop, their loads shared
-  linear = lower_kernel(normalize(schedule([(T(64, 128) @ T(96, 128).T).uop], ["CPU"], Run("CPU"))[0][0])[0], Run("CPU"))
+  linear = linear_matmul()
   ops = [u.op for u in linear.src]
   reduce_loops = {u.src[0].src[1] for u in linear.src if u.op is Ops.DEFINE_ACC}
   assert ops.count(Ops.DEFINE_ACC) == 16 and len(reduce_loops) == 1
@@ -200,7 +208,7 @@ def test_an_unrolled_tile_shares_one_reduction_loop():
 
 def test_rewrite_stats_name_each_linearize_rule_that_fires():
   with stats.collect() as s:
-    lower_kernel(normalize(schedule([(T(64, 128) @ T(96, 128).T).uop], ["CPU"], Run("CPU"))[0][0])[0], Run("CPU"))
+    linear_matmul()
   fired = {r.name for r in s.rules.values() if r.stage == "linearize" and r.matches}
   assert fired == {"start_kernel_block", "open_reduction_loop", "nest_loops_after_statements", "flatten_kernel_block"}
 
