@@ -13,6 +13,8 @@ class Ops(Enum):
   # loop level
   RANGE = auto(); END = auto(); REDUCE = auto(); DEFINE_ACC = auto(); INDEX = auto(); SPECIAL = auto(); IF = auto(); ENDIF = auto()
   BARRIER = auto(); VECTORIZE = auto(); GEP = auto(); DEFINE_LOCAL = auto()
+  # linearization: statements in their loops (BLOCK), a loop's block complete and in place (BLOCKEND)
+  BLOCK = auto(); BLOCKEND = auto()
   # ALU unary
   CAST = auto(); BITCAST = auto(); NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   # ALU binary
@@ -39,4 +41,4 @@ class GroupOp:
   Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN})
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
-                    Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL})
+                    Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND})

@@ -5,13 +5,19 @@ in parallel (`RANGE.arg` gains "parallel") and the innermost reduction loops a v
 gains "simd"). Values are unchanged; only how loops run.
 
 Stage `linearize` (rule set `linearize_rules`): the loop-level graph `SINK(STORE...)` becomes `SINK` of an ordered
-instruction list, arg "linear": each loop is `RANGE ... END(RANGE)`, each node comes after its sources and inside
-exactly the loops whose indices it uses (so loop-invariant work is hoisted), and each `REDUCE` becomes
-`DEFINE_ACC(REDUCE)` before its loops, `ASSIGN(REDUCE)` (acc = acc op value) at the end of its innermost loop, and
-the REDUCE itself (its result) after the loops.
+instruction list, arg "linear": each loop is `RANGE ... END(RANGE)`, each node comes after its sources, inside the
+loops whose indices it uses and none nested in the innermost of them (loop-invariant work is hoisted), and each
+`REDUCE` becomes `DEFINE_ACC(REDUCE)` before its loops, `ASSIGN(REDUCE)` (acc = acc op value) at the end of its
+innermost loop, and the REDUCE itself (its result) after the loops. Reductions over the same loops (an unrolled
+tile) share one loop.
+Rules: `start_kernel_block` wraps each statement in a BLOCK naming the chain of loops it runs in (`loop_chains`);
+in each block, `open_reduction_loop` gathers a reduction's loop into one closed block (BLOCKEND) just before its
+first REDUCE, behind the accumulators and what they need, and `nest_loops_after_statements` gathers every other
+loop after the block's statements; `flatten_kernel_block` lays the finished top block out as the instruction list.
 """
 from __future__ import annotations
 import itertools
+from typing import Iterator
 from dataclasses import dataclass
 from rewrite import UOp, UPat, PatternMatcher, Ops, substitute
 from .symbolic import terms_of
@@ -149,61 +155,120 @@ opt_rules = PatternMatcher([
 ], name="opt")
 
 
-def linear_order(sink: UOp) -> UOp | None:
-  """The instruction list of a loop-level SINK (see the module docstring)."""
-  if sink.arg == "linear": return None
+# ---- linearization: loop blocks, built, placed and closed by rules ----
+
+def loop_chains(sink: UOp) -> dict[UOp, tuple[UOp, ...]]:
+  """For each node, the chain of loops it runs inside, outermost first. Loops form a tree: a loop sits inside the
+  deepest loop that encloses any node inside it, so a node runs inside every loop of the chain down to its innermost
+  loop, even one whose index it does not use (x[i, k] of a loop nest i, j, k is read inside j: loop k exists once).
+  A reduction's loops sit inside the loops of its REDUCE (sum_k x[i] runs k inside i, though no node uses both).
+  Loops nest by `nesting_key`, and loops of equal key in order of appearance."""
   ranges = open_ranges(sink)
-  def block_of(n: UOp) -> UOp | None: return max(ranges[n], key=nesting_key, default=None)
-  # the loop each loop sits in: the deepest enclosing loop of any node inside it
+  order = {r: (nesting_key(r), i) for i, r in enumerate(n for n in sink.toposort if n.op is Ops.RANGE)}
+  # the loops each node runs in, and each reduction's loops with those of its REDUCE (the SINK, inside every loop,
+  # says nothing about their nesting)
+  facts = dict.fromkeys(rs for n, rs in ranges.items() if n.op is not Ops.SINK)
+  facts.update(dict.fromkeys(ranges[n].union(n.src[1:]) for n in ranges if n.op is Ops.REDUCE))
   parent: dict[UOp, UOp | None] = {}
-  for n, rs in ranges.items():
-    for r in rs:
-      outer = [q for q in rs if nesting_key(q) < nesting_key(r)]
-      cand = max(outer, key=nesting_key, default=None)
-      if r not in parent or (cand is not None and (parent[r] is None or nesting_key(cand) > nesting_key(parent[r]))): parent[r] = cand
-  # reductions over the same loops share them (an unrolled tile of outputs): one loop, one accumulator each
-  group_of: dict[UOp, tuple[UOp, ...]] = {}
-  groups: dict[tuple[UOp, ...], list[UOp]] = {}
-  for red in sink.toposort:
-    if red.op is not Ops.REDUCE: continue
-    groups.setdefault(red.src[1:], []).append(red)
-    for r in red.src[1:]: group_of[r] = red.src[1:]
-  body: dict[UOp | None, list[UOp]] = {None: []}
-  for n in sink.toposort:
-    if n.op in (Ops.CONST, Ops.SINK) or n.op is Ops.RANGE: continue
-    body.setdefault(block_of(n), []).append(n)
-  children: dict[UOp | None, list[UOp]] = {}
-  for r in sorted(parent, key=nesting_key): children.setdefault(parent[r], []).append(r)
-
-  out: list[UOp] = []
-  opened: set[tuple[UOp, ...]] = set()
-  emitted: set[UOp] = set()
-  def emit_loop(r: UOp):
-    out.append(r)
-    emit_block(r)
-    if r in group_of and r is group_of[r][-1]: out.extend(UOp(Ops.ASSIGN, red.dtype, (red,)) for red in groups[group_of[r]])
-    out.append(UOp(Ops.END, src=(r,)))
-  def emit_block(b: UOp | None):
-    # loops of a reduction open where it is; another loop of the same reduction nests here; output loops come last
-    later = [c for c in children.get(b, []) if c not in group_of or (b is not None and group_of.get(b) == group_of[c])]
-    nodes = body.get(b, [])
-    here = set(nodes)
-    def emit(n: UOp):
-      if n in emitted: return
-      if n.op is Ops.REDUCE and n.src[1:] not in opened:
-        opened.add(n.src[1:])
-        # what any reduction of the group needs from this block comes before their shared loop (sources first)
-        for red in groups[n.src[1:]]:
-          for d in red.src[0].toposort:
-            if d in here: emit(d)
-        out.extend(UOp(Ops.DEFINE_ACC, red.dtype, (red,)) for red in groups[n.src[1:]])
-        emit_loop(n.src[1])
-      emitted.add(n)
-      out.append(n)
-    for n in nodes: emit(n)
-    for c in later: emit_loop(c)
-  emit_block(None)
-  return UOp(Ops.SINK, sink.dtype, tuple(out), "linear")
+  for rs in facts:
+    nest = sorted(rs, key=order.__getitem__)
+    for outer, r in zip((None, *nest), nest):
+      if r not in parent or (outer is not None and (parent[r] is None or order[outer] > order[parent[r]])):
+        parent[r] = outer
+  chains: dict[UOp | None, tuple[UOp, ...]] = {None: ()}
+  def chain(r: UOp | None) -> tuple[UOp, ...]:
+    if r not in chains: chains[r] = chain(parent[r]) + (r,)
+    return chains[r]
+  innermost = {rs: chain(max(rs, key=order.__getitem__)) if rs else () for rs in dict.fromkeys(ranges.values())}
+  return {n: innermost[rs] for n, rs in ranges.items()}
 
 
-linearize_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), linear_order)], name="linearize")
+_NOT_STATEMENTS = (Ops.CONST, Ops.RANGE, Ops.SINK)   # constants are inline, loops open with their blocks
+
+
+def start_kernel_block(sink: UOp) -> UOp:
+  """SINK(STORE...) -> SINK(BLOCK((), statements)): every node of the kernel is a statement, sources first, each
+  inside a BLOCK naming the loops it runs in (neighbours in the same loops share one; statements outside every loop
+  stand bare). Each REDUCE adds its update, ASSIGN(REDUCE), a statement of its innermost loop, listed after all
+  others so that it ends that loop."""
+  chains = loop_chains(sink)
+  stmts = [n for n in sink.toposort if n.op not in _NOT_STATEMENTS]
+  for r in [r for r in stmts if r.op is Ops.REDUCE]:
+    stmts.append(update := UOp(Ops.ASSIGN, r.dtype, (r,)))
+    chains[update] = chains[r.src[-1]]
+  top: list[UOp] = []
+  for chain, run in itertools.groupby(stmts, key=chains.__getitem__):
+    if chain: top.append(UOp(Ops.BLOCK, src=tuple(run), arg=chain))
+    else: top.extend(run)
+  return sink.replace(src=(UOp(Ops.BLOCK, src=tuple(top), arg=()),))
+
+
+def _gather(stmts: tuple[UOp, ...] | list[UOp], outer: tuple[UOp, ...], loop: UOp) -> tuple[UOp, list[UOp]]:
+  """(the closed block of `loop`, inside the loops `outer`, holding the statements of every fragment of it among
+  stmts; the other statements)."""
+  depth = len(outer)
+  body: list[UOp] = []
+  rest: list[UOp] = []
+  for s in stmts:
+    if s.op is not Ops.BLOCK or s.arg[depth] is not loop: rest.append(s)
+    elif len(s.arg) == depth + 1: body.extend(s.src)   # statements of this very loop
+    else: body.append(s)                               # statements of a loop inside it: placed in there, alike
+  return UOp(Ops.BLOCKEND, src=(UOp(Ops.BLOCK, src=tuple(body), arg=outer + (loop,)),)), rest
+
+
+def open_reduction_loop(block: UOp) -> UOp | None:
+  """The loop of a reduction whose REDUCE is a statement here opens just before its first REDUCE, behind what it needs
+  from this block and one accumulator (DEFINE_ACC) per reduction: reductions over the same loops (an unrolled tile
+  of outputs) share it, and a reduction's loop runs once per iteration of the loops around the REDUCE."""
+  depth = len(block.arg)
+  waiting = {s.arg[depth] for s in block.src if s.op is Ops.BLOCK}
+  first = next((s for s in block.src if s.op is Ops.REDUCE and s.src[1] in waiting), None)
+  if first is None: return None
+  loop = first.src[1]
+  group = [s for s in block.src if s.op is Ops.REDUCE and s.src[1] is loop]
+  closed, rest = _gather(block.src, block.arg, loop)
+  at = rest.index(first)
+  hoisted: dict[UOp, None] = {}
+  if len(group) > 1:   # what a later reduction of the group reads may come after the first REDUCE: it goes in front
+    after = set(rest[at + 1:])
+    hoisted = {n: None for red in group for n in red.src[0].toposort if n in after}
+  accs = [UOp(Ops.DEFINE_ACC, red.dtype, (red,)) for red in group]
+  return block.replace(src=(*rest[:at], *hoisted, *accs, closed, *(s for s in rest[at:] if s not in hoisted)))
+
+
+def nest_loops_after_statements(block: UOp) -> UOp | None:
+  """Every other loop (an output loop, or the inner loop of a reduction over several) is gathered after the block's
+  statements, outermost first: its statements need those, and nothing here reads a value from inside it."""
+  depth = len(block.arg)
+  anchored = {s.src[1] for s in block.src if s.op is Ops.REDUCE}
+  loops = {s.arg[depth]: None for s in block.src if s.op is Ops.BLOCK and s.arg[depth] not in anchored}
+  if not loops: return None
+  rest: tuple[UOp, ...] | list[UOp] = block.src
+  closed: list[UOp] = []
+  for loop in sorted(loops, key=nesting_key):
+    c, rest = _gather(rest, block.arg, loop)
+    closed.append(c)
+  return block.replace(src=(*rest, *closed))
+
+
+def flatten_kernel_block(sink: UOp, top: UOp) -> UOp:
+  """SINK(BLOCK((), statements)), finished -> the linear SINK: each closed block becomes its loop, RANGE, its
+  statements, END(RANGE). (Rewriting bottom-up finishes a block before its parent, and the top block last.)"""
+  return UOp(Ops.SINK, sink.dtype, tuple(_flat(top)), "linear")
+
+
+def _flat(block: UOp) -> Iterator[UOp]:
+  for s in block.src:
+    if s.op is not Ops.BLOCKEND: yield s; continue
+    inner = s.src[0]
+    yield inner.arg[-1]
+    yield from _flat(inner)
+    yield UOp(Ops.END, src=(inner.arg[-1],))
+
+
+linearize_rules = PatternMatcher([
+  (UPat(Ops.SINK, name="sink", src=(UPat(Ops.BLOCK, name="top"),)), flatten_kernel_block),
+  (UPat(Ops.SINK, name="sink", src=UPat(Ops.STORE)), start_kernel_block),
+  (UPat(Ops.BLOCK, name="block"), open_reduction_loop),
+  (UPat(Ops.BLOCK, name="block"), nest_loops_after_statements),
+], name="linearize")
