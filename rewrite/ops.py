@@ -13,6 +13,8 @@ class Ops(Enum):
   # loop level
   RANGE = auto(); END = auto(); REDUCE = auto(); DEFINE_ACC = auto(); INDEX = auto(); SPECIAL = auto(); IF = auto(); ENDIF = auto()
   BARRIER = auto(); VECTORIZE = auto(); GEP = auto(); DEFINE_LOCAL = auto()
+  # host level: the steps of a host program (rules/host.py)
+  ALLOC = auto(); FREE = auto(); CALL = auto(); EXTERN = auto()
   # ALU unary
   CAST = auto(); BITCAST = auto(); NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   # ALU binary
@@ -40,3 +42,4 @@ class GroupOp:
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
                     Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL})
+  Host = frozenset({Ops.ALLOC, Ops.FREE, Ops.CALL, Ops.EXTERN, Ops.COPY})
