@@ -211,9 +211,10 @@ def _build(low: _Lowered) -> Program:
   return program
 
 
-def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) -> list[str]:
-  """The source of each kernel a realize of `outputs` would compile, in call order, without compiling or running
-  anything. `device` renders for that device instead (its buffers stand in for the graph's)."""
+def plan(outputs: list[tuple[UOp, str]], device: str | None = None) -> Program:
+  """The host program a realize of `outputs` would run, its kernels rendered but not compiled (so it cannot run):
+  for its listing, its memory figures and its sources. `device` plans for that device instead (stand-in buffers of
+  that device replace the graph's)."""
   uops, devices = [u for u, _ in outputs], [canonical_name(d) for _, d in outputs]
   if device is not None:
     device = canonical_name(device)
@@ -221,7 +222,13 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
                 for i, n in enumerate(n for u in uops for n in u.toposort if n.op is Ops.BUFFER and n.arg.device != device)}
     uops, devices = [substitute(u, stand_in) for u in uops], [device] * len(uops)
   low = _lower(uops, devices, [None] * len(uops))
-  return [ck.source for ck in dict.fromkeys(low.kernels.values())]
+  return Program(low.host, low.kernels, low.returned, low.outputs)
+
+
+def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) -> list[str]:
+  """The source of each kernel a realize of `outputs` would compile, in call order, without compiling or running
+  anything (rendered for `device` where given)."""
+  return [ck.source for ck in dict.fromkeys(plan(outputs, device).kernels_called())]
 
 
 def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
