@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 from .realize import NewBuffer, normalize
-from .view import View
+from .view import View, compose
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,14 @@ def call_kernel(ctx: HostContext, k: UOp, allow_targets: bool = True) -> UOp | N
   return UOp(Ops.CALL, src=tuple(buffers), arg=norm)
 
 
+def buffer_read(x: UOp) -> tuple[UOp, View] | None:
+  """(buffer, the one View it is read through) for a chain of VIEWs over a BUFFER that merges into one view."""
+  if x.op is not Ops.VIEW: return None
+  if x.src[0].op is Ops.BUFFER: return x.src[0], x.arg
+  inner = buffer_read(x.src[0])
+  return None if inner is None or (v := compose(inner[1], x.arg)) is None else (inner[0], v)
+
+
 def matmul_operands(k: UOp):
   """(C, A, B, sgemm parameters) when kernel k is C = A @ B over float32 buffers (row-major, either operand possibly
   transposed, as BLAS reads them), else None."""
@@ -111,13 +119,12 @@ def matmul_operands(k: UOp):
   m, n = out.arg.shape
   r = value.src[0] if value.op is Ops.VIEW and value.arg.is_contiguous and value.arg.size == m * n else value
   if r.op is not Ops.REDUCE_AXIS or r.arg != (Ops.ADD, (2,)) or r.src[0].op is not Ops.MUL: return None
-  loads = r.src[0].src
-  if not all(x.op is Ops.VIEW and x.src[0].op is Ops.BUFFER and x.arg.mask is None and x.dtype is dtypes.float32 for x in loads): return None
-  if len(loads[0].arg.shape) != 3: return None
-  kk = loads[0].arg.shape[2]
-  if loads[0].arg.shape != (m, n, kk) or min(m, n, kk) < 2: return None
-  if loads[0].arg.strides[1] != 0: loads = loads[::-1]  # the operand that does not vary along n is A
-  (a, av), (b, bv) = ((x.src[0], x.arg) for x in loads)
+  loads = [buffer_read(x) for x in r.src[0].src]
+  if None in loads or any(v.mask is not None or b.dtype is not dtypes.float32 or len(v.shape) != 3 for b, v in loads): return None
+  kk = loads[0][1].shape[2]
+  if loads[0][1].shape != (m, n, kk) or min(m, n, kk) < 2: return None
+  if loads[0][1].strides[1] != 0: loads = loads[::-1]  # the operand that does not vary along n is A
+  (a, av), (b, bv) = loads
   if av.strides[1] != 0 or bv.strides[0] != 0 or c in (a, b): return None
   (sam, _, sak), (_, sbn, sbk) = av.strides, bv.strides
   if sak == 1 and sam >= kk: ta, lda = "N", sam
