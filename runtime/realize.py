@@ -22,7 +22,7 @@ from rules.realize import NewBuffer, normalize
 from rules.host import HostContext
 from rules.view import View
 from rules.gpu import launch_dims
-from .device import get_device, canonical_name
+from .device import get_device, canonical_name, renderer_of
 from .program import Program
 from . import extern
 
@@ -66,7 +66,7 @@ MAX_KERNELS = 4096
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
-  renderer = get_device(device).renderer
+  renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
@@ -154,7 +154,7 @@ class _Lowered:
 def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None]) -> _Lowered:
   """The pipeline from tensor graphs to the planned host program, and the kernels it calls rendered (not built)."""
   run = Run(devices[0] if devices else "CPU")
-  run.device_loops = bool(devices) and getattr(get_device(run.device).renderer, "device_loops", False)
+  run.device_loops = bool(devices) and getattr(renderer_of(run.device), "device_loops", False)
   kernels, realized = schedule(uops, devices, run)
   kernels, outputs, returned, wanted = list(kernels), [], [], {}
   for u, t in zip(realized, targets):

@@ -156,6 +156,13 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
     outs = realize([(t.uop, t.device) for t in todo])
     for t, u in zip(todo, outs): t.uop = u
 
+  def kernel_sources(self, device=None) -> list[str]:
+    """The source of each kernel that realizing this tensor would compile, in call order (C for the CPU, CUDA for a
+    GPU), without compiling or running anything; `device` renders them for that device instead of this one's."""
+    if self.is_realized: return []
+    from runtime.realize import kernel_sources
+    return kernel_sources([(self.uop, self.device)], device)
+
   def numpy(self) -> np.ndarray:
     self.realize()
     buf, view = self.uop.src[0].arg, self.uop.arg
