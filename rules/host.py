@@ -65,9 +65,6 @@ def is_intermediate(ctx: HostContext, b: UOp) -> bool:
 
 
 # ---- stage host: kernels become calls ----
-def _stores(k: UOp) -> list[UOp]: return list(k.src)
-
-
 def _reads_only_where_it_writes(k: UOp, target: UOp, view: View) -> bool:
   """Every read of `target` in kernel k is of the element the store writes at the same index: an elementwise use of
   VIEW(target, view). Then each element is read before it is written, by the same iteration."""
@@ -81,7 +78,7 @@ def _reads_only_where_it_writes(k: UOp, target: UOp, view: View) -> bool:
 
 def store_into_assigned_buffer(ctx: HostContext, k: UOp) -> UOp | None:
   """An output an assignment wants in an existing buffer: stored there directly when safe, else copied there."""
-  for i, st in enumerate(_stores(k)):
+  for i, st in enumerate(k.src):
     if (t := ctx.targets.get(st.src[0].src[0])) is None: continue
     target, view = t
     if _reads_only_where_it_writes(k, target, view):
@@ -161,20 +158,18 @@ host_rules = PatternMatcher([
 
 
 # ---- stage memory: lifetimes and shared storage ----
-def step_buffers(step: UOp) -> tuple[UOp, ...]: return step.src
-
-
 def alloc_and_free_intermediates(ctx: HostContext, program: UOp) -> UOp:
   """ALLOC before the first step using an intermediate buffer, FREE right after the last."""
-  first, last = {}, {}
+  first: dict[UOp, int] = {}
+  last: dict[UOp, int] = {}
   for i, step in enumerate(program.src):
-    for b in step_buffers(step):
+    for b in step.src:
       if is_intermediate(ctx, b): first.setdefault(b, i); last[b] = i
-  steps: list[UOp] = []
-  for i, step in enumerate(program.src):
-    steps += [UOp(Ops.ALLOC, src=(b,)) for b, f in first.items() if f == i]
-    steps.append(step)
-    steps += [UOp(Ops.FREE, src=(b,)) for b, f in last.items() if f == i]
+  allocs: dict[int, list[UOp]] = {}
+  frees: dict[int, list[UOp]] = {}
+  for b, i in first.items(): allocs.setdefault(i, []).append(UOp(Ops.ALLOC, src=(b,)))
+  for b, i in last.items(): frees.setdefault(i, []).append(UOp(Ops.FREE, src=(b,)))
+  steps = [x for i, step in enumerate(program.src) for x in (*allocs.get(i, ()), step, *frees.get(i, ()))]
   return program.replace(src=tuple(steps), arg="lifetimes")
 
 

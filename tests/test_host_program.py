@@ -114,3 +114,20 @@ def test_random_programs_agree_with_numpy_and_never_overlap_live_buffers(seed):
   check_no_live_buffers_share_storage(p)
   assert p.peak_bytes <= p.unplanned_bytes
   for t, a in outs: np.testing.assert_allclose(t.numpy(), a, rtol=1e-5, atol=1e-5)
+
+
+def test_the_readme_shows_the_mlp_examples_host_program(monkeypatch):
+  import pathlib, re
+  from runtime.realize import plan
+  monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+  from mlp import mlp
+  r = np.random.default_rng(0)
+  x = Tensor(r.standard_normal((256, 1024), dtype=np.float32))
+  layers = [(Tensor(r.standard_normal((1024, 1024), dtype=np.float32)), Tensor(r.standard_normal(1024, dtype=np.float32)))
+            for _ in range(3)]
+  out = mlp(x, layers)
+  listing = str(plan([(out.uop, out.device)])).splitlines()
+  readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+  shown = re.search(r"```\n(host program: .*?)```", readme, re.S).group(1).splitlines()
+  def steps(lines): return [re.sub(r"_[0-9a-f]{8}\b", "_<hash>", ln) for ln in lines if "buffers:" not in ln]  # no hashes
+  assert steps(shown) == steps(listing)
