@@ -19,6 +19,7 @@ else a new one; `FREE`'s arg names the storage it gives back to the device (the 
 from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
+from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 from .realize import NewBuffer, normalize
 from .view import View, compose
@@ -52,7 +53,7 @@ class HostContext:
   which library routines the runtime can call (`externs(device) -> names`; `extern_mode` "off", "on" or "pick")."""
   returned: frozenset[UOp]
   targets: dict[UOp, tuple[UOp, View]] = field(default_factory=dict)
-  externs: object = lambda device: ()
+  externs: Callable[[str], tuple[str, ...]] = lambda device: ()
   extern_mode: str = "pick"
   storages: itertools.count = field(default_factory=itertools.count)
 

@@ -105,3 +105,17 @@ def test_cublas_library_resolves_the_declared_functions():
     except OSError: continue
   else: pytest.skip("libcublas is not installed here")
   assert lib.cublasSgemm_v2 and lib.cublasCreate_v2
+
+
+@needs_openblas
+def test_a_matmul_assigned_into_rows_of_a_tensor_writes_only_those_rows(monkeypatch):
+  monkeypatch.setenv("GRAFT_EXTERN", "1")
+  t0 = rng.standard_normal((100, 48)).astype(np.float32)
+  t = Tensor(t0.copy())
+  t[:64] = Tensor(a) @ Tensor(b)
+  assert "extern sgemm" in str(last_program())
+  expect = t0.copy(); expect[:64] = a @ b
+  np.testing.assert_allclose(t.numpy(), expect, rtol=1e-4, atol=1e-4)
+  t[36:] = Tensor(a) @ Tensor(b)   # not at the start of the buffer: generated code writes there
+  expect[36:] = a @ b
+  np.testing.assert_allclose(t.numpy(), expect, rtol=1e-4, atol=1e-4)
