@@ -137,7 +137,6 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
       for k in [k for k, (rs, _) in _plans.items() if any(r() is None for r in rs)] or list(_plans)[:MAX_PLANS // 2]:
         del _plans[k]
     _plans[key] = (refs, program)
-  if debug_level() >= 2: print(program)
   return program
 
 
@@ -238,6 +237,7 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   program = build_program(outputs, targets)
   dbg = debug_level()
   if dbg >= 2:
+    print(program)
     for line in program.explanations: print(f"  {line}")
   results = program.run(dbg)
   for dev in {ck.device for ck in program.kernels_called()}: get_device(dev).synchronize()

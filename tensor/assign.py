@@ -22,11 +22,11 @@ from .promotion import is_scalar, check_fits
 
 
 def value_tensor(target, value, shape: tuple[int, ...], what: str):
-  """`value` (a Tensor, numpy array or Python scalar) as a tensor of `shape` on the target's device, checked."""
+  """`value` (a Tensor, numpy array, nested list or Python scalar) as a tensor of `shape` on the target's device, checked."""
   if is_scalar(value) and not isinstance(value, np.ndarray):
     return target._const(check_fits(value, target.dtype, what), shape=shape)
+  if isinstance(value, (list, tuple)): value = type(target)(value, dtype=target.dtype, device=target.device)
   if isinstance(value, np.ndarray):
-    from rewrite import dtypes
     if value.dtype != target.dtype.np:
       raise TypeError(f"{what}: a numpy array of dtype {value.dtype} cannot be written into a tensor of dtype "
                       f"{target.dtype.name}; convert it first (arr.astype(np.{target.dtype.np}))")

@@ -166,3 +166,10 @@ def test_a_kernel_reading_the_target_elsewhere_writes_aside_then_copies():
   realize([(t[::-1].uop, t.device)], targets=[(target, View.contiguous((8,)))])
   assert len(last_program().kernels_called()) == 2 and "alloc" in str(last_program())
   np.testing.assert_array_equal(target.arg.numpy(), a[::-1])
+
+
+def test_a_nested_list_is_taken_in_the_tensors_dtype():
+  t = Tensor(np.zeros((2, 3), np.int32))
+  t[1] = [4, 5, 6]
+  t[:, 0] = [7, 8]
+  np.testing.assert_array_equal(t.numpy(), [[7, 0, 0], [8, 5, 6]])
