@@ -131,3 +131,11 @@ def test_the_readme_shows_the_mlp_examples_host_program(monkeypatch):
   shown = re.search(r"```\n(host program: .*?)```", readme, re.S).group(1).splitlines()
   def steps(lines): return [re.sub(r"_[0-9a-f]{8}\b", "_<hash>", ln) for ln in lines if "buffers:" not in ln]  # no hashes
   assert steps(shown) == steps(listing)
+
+
+def test_debug_2_prints_the_host_program(monkeypatch, capsys):
+  monkeypatch.setenv("DEBUG", "2")
+  x = Tensor(arr(4, 4))
+  ((x + 1).contiguous() * 2).realize()
+  out = capsys.readouterr().out
+  assert str(last_program()) in out and "alloc  t0 float32[16] 64 B in storage s0" in out
