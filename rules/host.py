@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 from .realize import NewBuffer, normalize
-from .view import View, compose
+from .view import View, compose, contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,9 @@ def matmul_operands(k: UOp):
   if len(k.src) != 1: return None
   out, value = k.src[0].src
   c = out.src[0]
-  if len(out.arg.shape) != 2 or not out.arg.is_contiguous or c.dtype is not dtypes.float32: return None
+  # the output: rows in order, anywhere in its buffer (an assignment to t[i:j] stores at an offset)
+  if len(out.arg.shape) != 2 or out.arg.mask is not None or out.arg.strides != contiguous_strides(out.arg.shape): return None
+  if c.dtype is not dtypes.float32: return None
   m, n = out.arg.shape
   r = value.src[0] if value.op is Ops.VIEW and value.arg.is_contiguous and value.arg.size == m * n else value
   if r.op is not Ops.REDUCE_AXIS or r.arg != (Ops.ADD, (2,)) or r.src[0].op is not Ops.MUL: return None
@@ -132,7 +134,7 @@ def matmul_operands(k: UOp):
   elif sbk == 1 and sbn >= kk: tb, ldb = "T", sbn
   else: return None
   return c, a, b, (("trans_a", ta), ("trans_b", tb), ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb),
-                   ("ldc", n), ("offset_a", av.offset), ("offset_b", bv.offset))
+                   ("ldc", n), ("offset_a", av.offset), ("offset_b", bv.offset), ("offset_c", out.arg.offset))
 
 
 def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:

@@ -57,7 +57,7 @@ def _cpu_sgemm() -> Callable | None:
     c, a, b = (handles[i] for i in ext.operands)
     gemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS if p["trans_a"] == "N" else CBLAS_TRANS,
          CBLAS_NO_TRANS if p["trans_b"] == "N" else CBLAS_TRANS, p["m"], p["n"], p["k"], 1.0,
-         a + 4 * p["offset_a"], p["lda"], b + 4 * p["offset_b"], p["ldb"], 0.0, c, p["ldc"])
+         a + 4 * p["offset_a"], p["lda"], b + 4 * p["offset_b"], p["ldb"], 0.0, c + 4 * p["offset_c"], p["ldc"])
   sgemm.library = f"OpenBLAS ({scipy_openblas32.__name__} {scipy_openblas32.__version__})"  # type: ignore[attr-defined]
   return sgemm
 
@@ -95,7 +95,7 @@ def _cuda_sgemm() -> Callable | None:
     # row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T: swap the operands, keep the ops
     code = lib.cublasSgemm_v2(handle[0], CUBLAS_OP_N if p["trans_b"] == "N" else CUBLAS_OP_T,
                               CUBLAS_OP_N if p["trans_a"] == "N" else CUBLAS_OP_T, p["n"], p["m"], p["k"], one,
-                              b + 4 * p["offset_b"], p["ldb"], a + 4 * p["offset_a"], p["lda"], zero, c, p["ldc"])
+                              b + 4 * p["offset_b"], p["ldb"], a + 4 * p["offset_a"], p["lda"], zero, c + 4 * p["offset_c"], p["ldc"])
     if code != 0: raise RuntimeError(f"cublasSgemm_v2 failed with status {code} ({ext.name} {p})")
   sgemm.library = "cuBLAS"  # type: ignore[attr-defined]
   return sgemm
