@@ -139,8 +139,9 @@ def matmul_operands(k: UOp):
 
 def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
   """A matrix product the device's BLAS can do: an EXTERN sgemm step, the generated kernel kept as the other choice."""
-  if ctx.extern_mode == "off" or "sgemm" not in ctx.externs(k.arg) or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
-  if (mm := matmul_operands(k)) is None: return None
+  if ctx.extern_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  # the shape first: asking for the routine loads the library
+  if (mm := matmul_operands(k)) is None or "sgemm" not in ctx.externs(k.arg): return None
   norm, buffers = normalize(k)
   operands = tuple(buffers.index(x) for x in mm[:3])
   return UOp(Ops.EXTERN, src=tuple(buffers), arg=Extern("sgemm", mm[3], operands, norm, ctx.extern_mode == "pick"))
