@@ -12,7 +12,7 @@ def test_the_sources_are_those_a_realize_then_compiles(cache_env):
   builds = cache.stats["build"]
   sources = y.kernel_sources()
   assert cache.stats["build"] == builds and not y.is_realized   # nothing compiled, nothing run
-  assert len(sources) == 3 and all(s.lstrip().startswith("void ") for s in sources)
+  assert sources and all(s.lstrip().startswith("void ") for s in sources)
   y.realize()
   assert sources == [ck.source for ck in last_program().kernels_called()]
 
