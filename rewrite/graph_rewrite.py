@@ -9,7 +9,7 @@ waiting on one another is a rewrite that grows forever; both raise RewriteLoopEr
 node was rewritten to. A rule that raises, or returns something other than a UOp or None, raises RuleError naming it.
 """
 from __future__ import annotations
-import gc, time
+import gc, threading, time
 from typing import Any
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
@@ -17,6 +17,21 @@ from .upat import UPat
 from . import stats
 
 _gc_isenabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
+_gc_lock = threading.Lock()
+_gc_pause = [0, False]  # rewrites running now (in all threads); whether the collector was on when the first began
+
+
+def _pause_gc() -> None:
+  with _gc_lock:
+    if _gc_pause[0] == 0: _gc_pause[1] = _gc_isenabled(); _gc_disable()
+    _gc_pause[0] += 1
+
+
+def _resume_gc() -> None:
+  # the pause is process-wide: the collector comes back when the last rewrite of any thread is done
+  with _gc_lock:
+    _gc_pause[0] -= 1
+    if _gc_pause[0] == 0 and _gc_pause[1]: _gc_enable()
 MAX_LINEAGE = 5000  # rewrites waiting on one another (or, top-down, growing rewrites in a row) before it is a loop
 
 
@@ -39,9 +54,8 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
   # The cyclic garbage collector can reclaim nothing a rewrite builds (UOps are immutable, so acyclic), yet while a
   # large rewrite allocates it would scan the whole live graph over and over: up to a third of the time. It is
   # paused for the rewrite and restored after (unless it was off already); cyclic garbage of a rule's own making
-  # waits until the rewrite returns.
-  paused = _gc_isenabled()
-  if paused: _gc_disable()
+  # waits until the rewrite returns. Threads rewrite concurrently: the pause is counted (_pause_gc).
+  _pause_gc()
   try:
     if not stats.active: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
     t0 = time.perf_counter()
@@ -50,7 +64,7 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
     out, rewrites = _rewrite(root, matcher, dispatch, ctx, top_down, stage)
     elapsed = time.perf_counter() - t0
   finally:
-    if paused: _gc_enable()
+    _resume_gc()
   for c in stats.active:
     s = c.stage(stage)
     s.calls += 1; s.rewrites += rewrites; s.time += elapsed

@@ -15,6 +15,8 @@ class Ops(Enum):
   BARRIER = auto(); VECTORIZE = auto(); GEP = auto(); DEFINE_LOCAL = auto()
   # linearization: statements in their loops (BLOCK), a loop's block complete and in place (BLOCKEND)
   BLOCK = auto(); BLOCKEND = auto()
+  # host level: the steps of a host program (rules/host.py)
+  ALLOC = auto(); FREE = auto(); CALL = auto(); EXTERN = auto()
   # ALU unary
   CAST = auto(); BITCAST = auto(); NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   # ALU binary
@@ -42,3 +44,4 @@ class GroupOp:
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
                     Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND})
+  Host = frozenset({Ops.ALLOC, Ops.FREE, Ops.CALL, Ops.EXTERN, Ops.COPY})

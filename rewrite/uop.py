@@ -174,7 +174,10 @@ def _make(op: Ops, dtype: DType, src: tuple, arg) -> UOp:
   u = _new_fields(_UOpFields)
   u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
   u.__class__ = UOp
-  _cache[key] = _weakref(u)
+  # setdefault, not a store: a thread that built the same node at the same moment keeps the one node made first
+  if (ref := _cache.setdefault(key, w := _weakref(u))) is not w:
+    if (first := ref()) is not None: return first
+    _cache[key] = w  # the entry was a dead node's
   return u
 
 
@@ -185,7 +188,10 @@ def _with_src(n: UOp, src: tuple) -> UOp:
   u = _new_fields(_UOpFields)
   u.op = n.op; u.dtype = n.dtype; u.src = src; u.arg = n.arg; u._key = key
   u.__class__ = UOp
-  _cache[key] = _weakref(u)
+  # setdefault, not a store: a thread that built the same node at the same moment keeps the one node made first
+  if (ref := _cache.setdefault(key, w := _weakref(u))) is not w:
+    if (first := ref()) is not None: return first
+    _cache[key] = w  # the entry was a dead node's
   return u
 
 

@@ -2,7 +2,7 @@
 
 Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage).
 Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
-one kernel at a time. A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
+one kernel at a time; "host" rewrites the host program (rules/host.py: steps, then memory). A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
 `pipeline.replace` (see docs/rules.md).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .symbolic import symbolic_rules
 from .linearize import opt_rules, linearize_rules, OptContext
 from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
 from .index_width import index_width_rules
+from .host import host_rules, memory_rules, HostContext
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
+  host: HostContext | None = None  # set by the runtime before the host stages run
 
 
 def _kernelize_ctx(run: Run) -> KernelizeContext:
@@ -55,6 +57,9 @@ def _group_ctx(run: Run) -> GroupDecisions:
 def _fuse_ctx(run: Run) -> FuseContext:
   run.fuse = FuseContext(set(run.outputs))
   return run.fuse
+
+
+def _host_ctx(run: Run) -> HostContext: return run.host
 
 
 def _on_device_loops(run: Run) -> bool: return run.device_loops
@@ -127,6 +132,8 @@ pipeline = Pipeline([
   Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
+  Stage("host", host_rules, "host", _host_ctx),
+  Stage("memory", memory_rules, "host", _host_ctx),
 ])
 
 

@@ -84,6 +84,17 @@ class Buffer:
     if self.size: self._allocator_for_copy().copyout(memoryview(out).cast("B"), self.handle)
     return out
 
+  def split_version(self) -> Buffer:
+    """A new Buffer that takes over this one's memory, this one keeping a copy of the contents in new memory: an
+    in-place update writes the original memory while lazy graphs still read the old contents here (tensor/assign.py)."""
+    new = Buffer(self.device, self.size, self.dtype)
+    if self._handle is None or not self.size: return new
+    new._handle, new._allocator = self._handle, self._allocator
+    self._handle = self._allocator.alloc(self.nbytes)
+    if hasattr(self._allocator, "copy"): self._allocator.copy(self._handle, new._handle, self.nbytes)  # on the device
+    else: self._allocator.copyin(self._handle, memoryview(new.numpy()).cast("B"))
+    return new
+
   def _allocator_for_copy(self):
     self.handle  # noqa: B018 -- allocates, which also sets _allocator
     return self._allocator

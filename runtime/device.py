@@ -5,13 +5,14 @@ A device owns an allocator, a renderer and a `build(source, names)` that turns o
 runtime/cuda.py) and are imported only when first asked for, so `DEVICE=CPU` never touches CUDA.
 """
 from __future__ import annotations
-import importlib, os, shlex, subprocess
+import importlib, os, shlex, subprocess, threading
 from collections import defaultdict
 from typing import Any, Callable
 
 # name -> (module, class): imported lazily, so a machine without CUDA can still use the CPU
 DEVICES: dict[str, tuple[str, str]] = {"CPU": ("runtime.cpu", "CPUDevice"), "CUDA": ("runtime.cuda", "CUDADevice")}
 _instances: dict[str, Device] = {}
+_instances_lock = threading.Lock()  # one Device per name, even when threads ask for it at once
 
 
 def run_compiler(cmd: list[str], what: str, src) -> None:
@@ -57,9 +58,17 @@ def get_device(name: str) -> Device:
   """The one Device called `name` ("CPU", "CUDA"; case does not matter), created on first use."""
   name = canonical_name(name)
   if (dev := _instances.get(name)) is None:
-    module, cls = DEVICES[name]
-    dev = _instances[name] = getattr(importlib.import_module(module), cls)()
+    with _instances_lock:
+      if (dev := _instances.get(name)) is None:
+        module, cls = DEVICES[name]
+        dev = _instances[name] = getattr(importlib.import_module(module), cls)()
   return dev
+
+
+def renderer_of(name: str) -> Any:
+  """The renderer of the device called `name`, without starting the device: sources render where it is absent."""
+  module, cls = DEVICES[canonical_name(name)]
+  return importlib.import_module(getattr(importlib.import_module(module), cls).renderer_module).renderer
 
 
 class Allocator:
@@ -71,9 +80,11 @@ class Allocator:
 
   def __init__(self):
     self.pool: defaultdict[int, list[Any]] = defaultdict(list)
+    self.lock = threading.Lock()  # the pool is shared by the threads that realize
 
   def alloc(self, nbytes: int) -> Any:
-    if (free := self.pool.get(nbytes)): return free.pop()
+    with self.lock:
+      if (free := self.pool.get(nbytes)): return free.pop()
     try: return self._alloc(nbytes)
     except MemoryError:
       # memory may be held by the pool under other sizes: give it back and try once more
@@ -81,11 +92,11 @@ class Allocator:
       return self._alloc(nbytes)
 
   def free(self, handle: Any, nbytes: int) -> None:
-    self.pool[nbytes].append(handle)
+    with self.lock: self.pool[nbytes].append(handle)
 
   def clear_pool(self) -> None:
     """Really free every pooled handle."""
-    pool, self.pool = self.pool, defaultdict(list)
+    with self.lock: pool, self.pool = self.pool, defaultdict(list)
     for nbytes, handles in pool.items():
       for h in handles: self._free(h, nbytes)
 

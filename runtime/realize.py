@@ -1,21 +1,31 @@
-"""realize: tensor graphs in, buffers out. Runs the rule pipeline, renders and builds new kernels, runs the schedule.
+"""realize: tensor graphs in, buffers out. Runs the rule pipeline into a host program, builds its new kernels, runs it.
 
-The host side is a program too: `Schedule` is the list of steps (a kernel call over buffers, or a copy between
-devices) in execution order. Kernels are cached by their normalized form (buffers replaced by numbered slots), so a
-graph rebuilt every call reuses its compiled kernels.
+The host side is a program too (rules/host.py, runtime/program.py): allocations, copies, kernel calls, library calls
+and frees, with intermediate buffers sharing storage where their lifetimes do not overlap. Kernels are cached by their
+normalized form (buffers replaced by numbered slots), so a graph rebuilt every call reuses its compiled kernels; a
+graph of the same structure over the same buffers reuses its whole program. `last_program()` is the program of this
+thread's latest realize.
 
-DEBUG=1 prints one line per realize, DEBUG=2 one line per kernel, DEBUG=3 the generated source too.
+Threads: several threads may realize at once. The caches here (`_kernels`, `_by_name`, `_plans`) are read and
+published under `_lock`; the pipeline, rendering and compiling run outside it, concurrently (docs/design.md,
+"Threads").
+
+DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import hashlib, os, time, weakref
-from dataclasses import dataclass, field
-from rewrite import UOp, Ops, stats
+import hashlib, os, threading, time, weakref
+from dataclasses import dataclass
+from rewrite import UOp, Ops, stats, substitute
 from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.0, 1 and True differ
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
+from rules.host import HostContext
+from rules.view import View
 from rules.gpu import launch_dims
-from .buffer import Buffer, check_allocatable
-from .device import get_device, canonical_name
+from .buffer import check_allocatable
+from .device import get_device, canonical_name, renderer_of
+from .program import Program
+from . import extern
 
 
 def debug_level() -> int:
@@ -57,7 +67,7 @@ MAX_KERNELS = 4096
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
-  renderer = get_device(device).renderer
+  renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
@@ -76,32 +86,19 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   return ck
 
 
-@dataclass
-class Step:
-  kernel: CompiledKernel | None   # None: a copy between devices
-  buffers: list[Buffer]
+_lock = threading.Lock()     # guards _kernels, _by_name and _plans
+_local = threading.local()   # this thread's last program
 
 
-@dataclass
-class Schedule:
-  steps: list[Step] = field(default_factory=list)
-  outputs: list[UOp] = field(default_factory=list)
-  explanations: list[str] = field(default_factory=list)
+def last_program() -> Program | None:
+  """The host program of this thread's most recent realize (None before the first)."""
+  return getattr(_local, "program", None)
 
 
-@dataclass
-class _Plan:
-  """A schedule with its buffers left open: a buffer to create is its BUFFER UOp (arg NewBuffer), an existing one a
-  weak reference (a cached plan must not keep the user's memory alive)."""
-  steps: list[tuple[CompiledKernel | None, list]]
-  outputs: list[tuple]   # (dtype, View, buffer) of each output's VIEW(BUFFER)
-  explanations: list[str]
-
-
-# A warm call rebuilds its graph from the same tensors: the same structure over the same buffers, so its plan is
-# reused and only its new buffers are made (the whole pipeline is skipped). Keyed by structure, with each input
-# buffer by identity; an entry holds its buffers through weak references and is void once one of them is gone.
-_plans: dict[tuple, tuple[list, _Plan]] = {}
+# A warm call rebuilds its graph from the same tensors: the same structure over the same buffers, so its program is
+# reused (the whole pipeline is skipped). Keyed by structure, with each input buffer by identity; an entry holds its
+# buffers through weak references and is void once one of them is gone.
+_plans: dict[tuple, tuple[list, Program]] = {}
 MAX_PLANS = 256
 
 
@@ -119,72 +116,102 @@ def graph_key(uops: list[UOp]) -> tuple[tuple, list]:
   return tuple(parts) + tuple(index[u] for u in uops), buffers
 
 
-def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
+Target = tuple[UOp, View]  # an assignment: the existing BUFFER an output is written into, and the View of it written
+
+
+def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> Program:
+  """The host program computing `outputs` (graph, device), from the cache or made now; output i is written into
+  `targets[i]` (an existing buffer's view) where that is given."""
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
+  targets = targets or [None] * len(outputs)
   structure, buffers = graph_key(uops)
-  key = (structure, tuple(devices), pipeline.version)
-  hit = _plans.get(key)
+  target_key = tuple(None if t is None else (id(t[0].arg), t[1]) for t in targets)
+  key = (structure, tuple(devices), target_key, pipeline.version, extern.mode())
+  with _lock: hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
-  if hit is not None and not stats.active and all(r() is not None for r in hit[0]): return _instantiate(hit[1])
-  plan = _plan(uops, devices)
-  if len(_plans) >= MAX_PLANS:
-    for k in [k for k, (refs, _) in _plans.items() if any(r() is None for r in refs)] or list(_plans)[:MAX_PLANS // 2]:
-      del _plans[k]
-  _plans[key] = ([weakref.ref(b) for b in buffers], plan)
-  return _instantiate(plan)
+  if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
+  program = _build(_lower(uops, devices, targets))
+  refs = [weakref.ref(b) for b in buffers] + [weakref.ref(t[0].arg) for t in targets if t is not None]
+  with _lock:
+    if len(_plans) >= MAX_PLANS:
+      for k in [k for k, (rs, _) in _plans.items() if any(r() is None for r in rs)] or list(_plans)[:MAX_PLANS // 2]:
+        del _plans[k]
+    _plans[key] = (refs, program)
+  return program
 
 
-def _instantiate(plan: _Plan) -> Schedule:
-  real: dict[UOp, Buffer] = {}
-  def buffer_of(b) -> Buffer:
-    if not isinstance(b, UOp): return b()
-    if b not in real: real[b] = Buffer(b.arg.device, b.arg.size, b.dtype)
-    return real[b]
-  return Schedule([Step(ck, [buffer_of(b) for b in bufs]) for ck, bufs in plan.steps],
-                  [UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buffer_of(b)),), view) for dt, view, b in plan.outputs],
-                  list(plan.explanations))
+@dataclass
+class _Lowered:
+  host: UOp                                   # the planned host program
+  kernels: dict[UOp, CompiledKernel]          # every kernel it calls, by normalized form
+  new: dict[tuple, CompiledKernel]            # those not in the caches yet: to build, then publish
+  returned: list[UOp]
+  outputs: list[tuple]
+  explanations: list[str]
 
 
-def _plan(uops: list[UOp], devices: list[str]) -> _Plan:
+def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to_run: bool = True) -> _Lowered:
+  """The pipeline from tensor graphs to the planned host program, and the kernels it calls rendered (not built).
+  A program `to_run` has its new buffers checked against the device's memory first (a plan only to read needs no
+  device)."""
   run = Run(devices[0] if devices else "CPU")
-  run.device_loops = bool(devices) and getattr(get_device(run.device).renderer, "device_loops", False)
+  run.device_loops = bool(devices) and getattr(renderer_of(run.device), "device_loops", False)
   kernels, realized = schedule(uops, devices, run)
-  for shape, buf in new_buffers(kernels): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
-  def ref(b: UOp): return b if isinstance(b.arg, NewBuffer) else weakref.ref(b.arg)
-  plan = _Plan([], [(u.dtype, u.arg, ref(u.src[0])) for u in realized],
-               run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) +
-               (run.fuse.inlined if run.fuse else []))
-  # new kernels are published to the caches only once all of them are built: a failure leaves no half-made entry
+  for shape, buf in new_buffers(kernels) if to_run else (): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
+  kernels, outputs, returned, wanted = list(kernels), [], [], {}
+  for u, t in zip(realized, targets):
+    b = u.src[0]
+    if t is None:
+      outputs.append((u.dtype, u.arg, b)); returned.append(b)
+      continue
+    outputs.append((u.dtype, t[1], t[0]))
+    if b is t[0] and u.arg == t[1]: continue  # assigned its own value
+    if any(k.op is Ops.KERNEL and any(st.src[0].src[0] is b for st in k.src) for k in kernels): wanted[b] = t
+    else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
+      kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
+  run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode())
+  host = pipeline.run(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), "host", run)
+  compiled: dict[UOp, CompiledKernel] = {}
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
-  pending: dict[str, list[CompiledKernel]] = {}
-  for k in kernels:
-    if k.op is Ops.COPY:
-      plan.steps.append((None, [ref(k.src[0]), ref(k.src[1])]))
-      continue
-    norm, bufs = normalize(k)
-    key = (norm, k.arg, pipeline.version)
-    ck = _kernels.get(key) or new.get(key)
+  for step in host.src:
+    if step.op not in (Ops.CALL, Ops.EXTERN): continue
+    norm = step.arg if step.op is Ops.CALL else step.arg.kernel
+    key = (norm, norm.arg, pipeline.version)
+    with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
-      ck = _compile(norm, bufs, k.arg)
+      ck = _compile(norm, list(step.src), norm.arg)
       # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
       # to one text: one compiled function serves both
-      name_key = (ck.name, k.arg, pipeline.version)
-      if (same := _by_name.get(name_key) or new_by_name.get(name_key)) is not None: ck = same
-      else:
-        new_by_name[name_key] = ck
-        pending.setdefault(k.arg, []).append(ck)
+      name_key = (ck.name, norm.arg, pipeline.version)
+      with _lock: same = _by_name.get(name_key)
+      if (same := same or new_by_name.get(name_key)) is not None: ck = same
+      else: new_by_name[name_key] = ck
       new[key] = ck
-    plan.steps.append((ck, [ref(bufs[i]) for i in ck.args]))
+    compiled[norm] = ck
+  explanations = run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) + \
+    (run.fuse.inlined if run.fuse else [])
+  return _Lowered(host, compiled, new, returned, outputs, explanations)
+
+
+def _build(low: _Lowered) -> Program:
+  """Build the new kernels (one compiler call per device) and publish them, then make the program. New kernels are
+  published only once all of them are built: a failure leaves no half-made entry."""
+  pending: dict[str, list[CompiledKernel]] = {}
+  for ck in dict.fromkeys(low.new.values()):
+    if ck.program is None: pending.setdefault(ck.device, []).append(ck)
   for device, cks in pending.items():
     dev = get_device(device)
     programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
     for ck in cks: ck.program = programs[ck.name]
-  if len(_kernels) + len(new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
-  _kernels.update(new)
-  _by_name.update(new_by_name)
-  return plan
+  with _lock:
+    if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
+    _kernels.update(low.new)
+    _by_name.update({(ck.name, ck.device, pipeline.version): ck for ck in low.new.values()})
+  program = Program(low.host, low.kernels, low.returned, low.outputs)
+  program.explanations = low.explanations
+  return program
 
 
 def new_buffers(kernels: list[UOp]) -> list[tuple[tuple[int, ...], UOp]]:
@@ -194,37 +221,40 @@ def new_buffers(kernels: list[UOp]) -> list[tuple[tuple[int, ...], UOp]]:
   return [(shape, b) for shape, b in written if isinstance(b.arg, NewBuffer)]
 
 
-def run_schedule(sched: Schedule) -> float:
-  dbg = debug_level()
-  total = 0.0
-  for step in sched.steps:
-    if step.kernel is None:
-      dst, src = step.buffers
-      t0 = time.perf_counter()
-      dst.copyin(src.numpy())
-      dt = time.perf_counter() - t0
-      if dbg >= 2: print(f"  copy {src.device} -> {dst.device}  {src.nbytes / 1e6:.1f} MB  {dt * 1e3:.3f} ms")
-    else:
-      ck = step.kernel
-      dt = ck.program(*[b.handle for b in step.buffers], global_size=ck.global_size, local_size=ck.local_size,
-                      wait=dbg >= 2) or 0.0
-      if dbg >= 2:
-        rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
-        print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
-      if dbg >= 3: print(ck.source)
-    total += dt
-  return total
+def plan(outputs: list[tuple[UOp, str]], device: str | None = None) -> Program:
+  """The host program a realize of `outputs` would run, its kernels rendered but not compiled (so it cannot run):
+  for its listing, its memory figures and its sources. `device` plans for that device instead (stand-in buffers of
+  that device replace the graph's)."""
+  uops, devices = [u for u, _ in outputs], [canonical_name(d) for _, d in outputs]
+  if device is not None:
+    device = canonical_name(device)
+    stand_in = {n: UOp(Ops.BUFFER, n.dtype, (), NewBuffer(n.arg.size, device, -1 - i))
+                for i, n in enumerate(n for u in uops for n in u.toposort if n.op is Ops.BUFFER and n.arg.device != device)}
+    uops, devices = [substitute(u, stand_in) for u in uops], [device] * len(uops)
+  low = _lower(uops, devices, [None] * len(uops), to_run=False)
+  return Program(low.host, low.kernels, low.returned, low.outputs)
 
 
-def realize(outputs: list[tuple[UOp, str]]) -> list[UOp]:
-  """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order."""
+def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) -> list[str]:
+  """The source of each kernel a realize of `outputs` would compile, in call order, without compiling or running
+  anything (rendered for `device` where given)."""
+  return [ck.source for ck in dict.fromkeys(plan(outputs, device).kernels_called())]
+
+
+def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
+  """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
+  written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned."""
   t0 = time.perf_counter()
-  sched = build_schedule(outputs)
-  if debug_level() >= 2:
-    for line in sched.explanations: print(f"  {line}")
-  run_schedule(sched)
-  for dev in {ck.kernel.device for ck in sched.steps if ck.kernel is not None}: get_device(dev).synchronize()
-  if debug_level() >= 1 and sched.steps:
-    print(f"realize: {sum(s.kernel is not None for s in sched.steps)} kernels, {len(sched.steps)} steps, "
+  program = build_program(outputs, targets)
+  dbg = debug_level()
+  if dbg >= 2:
+    print(program)
+    for line in program.explanations: print(f"  {line}")
+  results = program.run(dbg)
+  for dev in {ck.device for ck in program.kernels_called()}: get_device(dev).synchronize()
+  _local.program = program
+  if dbg >= 1 and program.steps:
+    print(f"realize: {len(program.kernels_called())} kernels, {len(program.steps)} steps, "
           f"{(time.perf_counter() - t0) * 1e3:.2f} ms")
-  return sched.outputs
+  return results
+

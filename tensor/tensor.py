@@ -21,6 +21,7 @@ from .reduce import ReduceMixin
 from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
+from .assign import value_tensor, write
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -86,9 +87,28 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
     if self.numel() != 1:
       raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous; use .any() or .all()")
     return bool(self.item())
-  def __setitem__(self, idx, value):
-    raise TypeError("Tensor does not support item assignment: tensors are immutable graphs; build a new one "
-                    "(e.g. with where() or pad())")
+
+  # ---- in-place updates (tensor/assign.py): as if every operation ran eagerly, in program order ----
+  def assign(self, value) -> Tensor:
+    """Write `value` (a Tensor or numpy array of this shape and dtype, or a Python scalar) into this tensor's
+    memory; returns self. Lazy tensors built before read the old values, those built after the new ones."""
+    if hasattr(value, "shape") and not is_scalar(value) and tuple(value.shape) != self.shape:
+      raise ValueError(f"assign: a value of shape {tuple(value.shape)} cannot be assigned to a tensor of shape {self.shape}")
+    write(self, View.contiguous(self.shape), value_tensor(self, value, self.shape, "assign"))
+    return self
+
+  def __setitem__(self, index, value):
+    """`t[index] = value`: ints, slices (any step), None and ... select; value (a Tensor, numpy array or scalar of
+    this dtype) is broadcast to the selection and written into this tensor's memory."""
+    view = self.realize()._selected_view(index)
+    write(self, view, value_tensor(self, value, view.shape, f"t[{index!r}] = ..."))
+
+  def _selected_view(self, index) -> View:
+    # (a method of its own: the selection's graph must be gone when the write looks for who holds the old memory)
+    u = self[index].uop
+    if u.op is not Ops.VIEW or u.src[0] is not self.uop.src[0]:
+      raise IndexError(f"t[{index!r}] = ...: this selection is not one view of the tensor's memory")
+    return u.arg
 
   # ---- type and place ----
   def cast(self, dtype) -> Tensor:
@@ -135,6 +155,13 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
     from runtime.realize import realize
     outs = realize([(t.uop, t.device) for t in todo])
     for t, u in zip(todo, outs): t.uop = u
+
+  def kernel_sources(self, device=None) -> list[str]:
+    """The source of each kernel that realizing this tensor would compile, in call order (C for the CPU, CUDA for a
+    GPU), without compiling or running anything; `device` renders them for that device instead of this one's."""
+    if self.is_realized: return []
+    from runtime.realize import kernel_sources
+    return kernel_sources([(self.uop, self.device)], device)
 
   def numpy(self) -> np.ndarray:
     self.realize()

@@ -1,0 +1,208 @@
+"""The host program: the schedule becomes a list of steps for the runtime, and its memory is planned.
+
+Stage `host` (rule set `host_rules`, ctx: `HostContext`). In: `SINK(kernels and copies in execution order,
+arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, each step one of
+  - `CALL(*buffers, arg=kernel)`: a generated kernel, `kernel` its normalized form (buffers as numbered slots),
+    `buffers` what fills each slot;
+  - `EXTERN(*buffers, arg=Extern)`: a library routine (sgemm) doing what a matrix-product kernel does; the
+    generated kernel stays in `Extern.kernel`, the other candidate for the runtime's measured pick (runtime/pick.py);
+  - `COPY(dst, src)`: a copy between devices.
+A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
+reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
+
+Stage `memory` (rule set `memory_rules`, ctx: `HostContext`). In: the steps. Out: `SINK(steps, arg="planned")` with
+`ALLOC(b, arg=Storage)` before the first step that uses an intermediate buffer b (one the pipeline made and the
+realize does not return) and `FREE(b, arg=Storage or None)` after its last, so no two buffers alive at once share a
+storage. Storage is shared best fit: a buffer takes the smallest free storage of its device that is large enough,
+else a new one; `FREE`'s arg names the storage it gives back to the device (the last use of that storage).
+"""
+from __future__ import annotations
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
+from .realize import NewBuffer, normalize
+from .view import View, compose, contiguous_strides
+
+
+@dataclass(frozen=True)
+class Storage:
+  """Memory of one device that one or more intermediate buffers of disjoint lifetimes live in."""
+  number: int
+  nbytes: int
+  device: str
+
+
+@dataclass(frozen=True)
+class Extern:
+  """A library routine standing in for a kernel: `name` (e.g. "sgemm"), its integer parameters, which of the step's
+  buffers are its output and inputs, and the generated kernel that computes the same."""
+  name: str
+  params: tuple[tuple[str, int | str], ...]
+  operands: tuple[int, ...]   # indices into the step's buffers: output first
+  kernel: UOp
+  pick: bool                  # time both on first use (True), or always the library (False)
+
+  def param(self, key: str): return dict(self.params)[key]
+
+
+@dataclass
+class HostContext:
+  """What the host stages know beyond the schedule: the buffers the realize returns, the existing buffers some
+  outputs must be written into (an assignment: output BUFFER -> (existing BUFFER, the View of it written)), and
+  which library routines the runtime can call (`externs(device) -> names`; `extern_mode` "off", "on" or "pick")."""
+  returned: frozenset[UOp]
+  targets: dict[UOp, tuple[UOp, View]] = field(default_factory=dict)
+  externs: Callable[[str], tuple[str, ...]] = lambda device: ()
+  extern_mode: str = "pick"
+  storages: itertools.count = field(default_factory=itertools.count)
+
+
+def nbytes(b: UOp) -> int: return b.arg.size * b.dtype.itemsize
+
+
+def is_intermediate(ctx: HostContext, b: UOp) -> bool:
+  return b.op is Ops.BUFFER and isinstance(b.arg, NewBuffer) and b not in ctx.returned
+
+
+# ---- stage host: kernels become calls ----
+def _reads_only_where_it_writes(k: UOp, target: UOp, view: View) -> bool:
+  """Every read of `target` in kernel k is of the element the store writes at the same index: an elementwise use of
+  VIEW(target, view). Then each element is read before it is written, by the same iteration."""
+  for n in k.toposort:
+    for s in n.src:
+      if s.op is Ops.VIEW and s.src[0] is target and (s.arg != view or (n.op not in GroupOp.Elementwise and n.op is not Ops.STORE)):
+        return False
+      if s is target and n.op is not Ops.VIEW: return False
+  return True
+
+
+def store_into_assigned_buffer(ctx: HostContext, k: UOp) -> UOp | None:
+  """An output an assignment wants in an existing buffer: stored there directly when safe, else copied there."""
+  for i, st in enumerate(k.src):
+    if (t := ctx.targets.get(st.src[0].src[0])) is None: continue
+    target, view = t
+    if _reads_only_where_it_writes(k, target, view):
+      direct = st.replace(src=(UOp(Ops.VIEW, st.src[0].dtype, (target,), view), st.src[1]))
+      return k.replace(src=k.src[:i] + (direct,) + k.src[i + 1:])
+    # the kernel reads the target elsewhere (a[::-1], a reduction over it): write a new buffer first, then copy
+    done = st.src[0].src[0]
+    ctx.returned = ctx.returned - {done}
+    copy = UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, done.dtype, (target,), view), st.src[0])),), arg=k.arg)
+    return UOp(Ops.SINK, src=(call_kernel(ctx, k, allow_targets=False), copy))
+  return None
+
+
+def call_kernel(ctx: HostContext, k: UOp, allow_targets: bool = True) -> UOp | None:
+  if allow_targets and any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  norm, buffers = normalize(k)
+  return UOp(Ops.CALL, src=tuple(buffers), arg=norm)
+
+
+def buffer_read(x: UOp) -> tuple[UOp, View] | None:
+  """(buffer, the one View it is read through) for a chain of VIEWs over a BUFFER that merges into one view."""
+  if x.op is not Ops.VIEW: return None
+  if x.src[0].op is Ops.BUFFER: return x.src[0], x.arg
+  inner = buffer_read(x.src[0])
+  return None if inner is None or (v := compose(inner[1], x.arg)) is None else (inner[0], v)
+
+
+def matmul_operands(k: UOp):
+  """(C, A, B, sgemm parameters) when kernel k is C = A @ B over float32 buffers (row-major, either operand possibly
+  transposed, as BLAS reads them), else None."""
+  if len(k.src) != 1: return None
+  out, value = k.src[0].src
+  c = out.src[0]
+  # the output: rows in order, anywhere in its buffer (an assignment to t[i:j] stores at an offset)
+  if len(out.arg.shape) != 2 or out.arg.mask is not None or out.arg.strides != contiguous_strides(out.arg.shape): return None
+  if c.dtype is not dtypes.float32: return None
+  m, n = out.arg.shape
+  r = value.src[0] if value.op is Ops.VIEW and value.arg.is_contiguous and value.arg.size == m * n else value
+  if r.op is not Ops.REDUCE_AXIS or r.arg != (Ops.ADD, (2,)) or r.src[0].op is not Ops.MUL: return None
+  loads = [buffer_read(x) for x in r.src[0].src]
+  if None in loads or any(v.mask is not None or b.dtype is not dtypes.float32 or len(v.shape) != 3 for b, v in loads): return None
+  kk = loads[0][1].shape[2]
+  if loads[0][1].shape != (m, n, kk) or min(m, n, kk) < 2: return None
+  if loads[0][1].strides[1] != 0: loads = loads[::-1]  # the operand that does not vary along n is A
+  (a, av), (b, bv) = loads
+  if av.strides[1] != 0 or bv.strides[0] != 0 or c in (a, b): return None
+  (sam, _, sak), (_, sbn, sbk) = av.strides, bv.strides
+  if sak == 1 and sam >= kk: ta, lda = "N", sam
+  elif sam == 1 and sak >= m: ta, lda = "T", sak
+  else: return None
+  if sbn == 1 and sbk >= n: tb, ldb = "N", sbk
+  elif sbk == 1 and sbn >= kk: tb, ldb = "T", sbn
+  else: return None
+  return c, a, b, (("trans_a", ta), ("trans_b", tb), ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb),
+                   ("ldc", n), ("offset_a", av.offset), ("offset_b", bv.offset), ("offset_c", out.arg.offset))
+
+
+def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
+  """A matrix product the device's BLAS can do: an EXTERN sgemm step, the generated kernel kept as the other choice."""
+  if ctx.extern_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  # the shape first: asking for the routine loads the library
+  if (mm := matmul_operands(k)) is None or "sgemm" not in ctx.externs(k.arg): return None
+  norm, buffers = normalize(k)
+  operands = tuple(buffers.index(x) for x in mm[:3])
+  return UOp(Ops.EXTERN, src=tuple(buffers), arg=Extern("sgemm", mm[3], operands, norm, ctx.extern_mode == "pick"))
+
+
+def splice_nested_steps(program: UOp) -> UOp | None:
+  """A rule that made several steps of one returned them as a SINK: they take its place in the program."""
+  if not any(s.op is Ops.SINK for s in program.src): return None
+  return program.replace(src=tuple(x for s in program.src for x in (s.src if s.op is Ops.SINK else (s,))))
+
+
+host_rules = PatternMatcher([
+  (UPat(Ops.KERNEL, name="k"), store_into_assigned_buffer),
+  (UPat(Ops.KERNEL, name="k"), call_library_for_matmul),
+  (UPat(Ops.KERNEL, name="k"), call_kernel),
+  (UPat(Ops.SINK, name="program", arg="steps"), splice_nested_steps),
+], name="host")
+
+
+# ---- stage memory: lifetimes and shared storage ----
+def alloc_and_free_intermediates(ctx: HostContext, program: UOp) -> UOp:
+  """ALLOC before the first step using an intermediate buffer, FREE right after the last."""
+  first: dict[UOp, int] = {}
+  last: dict[UOp, int] = {}
+  for i, step in enumerate(program.src):
+    for b in step.src:
+      if is_intermediate(ctx, b): first.setdefault(b, i); last[b] = i
+  allocs: dict[int, list[UOp]] = {}
+  frees: dict[int, list[UOp]] = {}
+  for b, i in first.items(): allocs.setdefault(i, []).append(UOp(Ops.ALLOC, src=(b,)))
+  for b, i in last.items(): frees.setdefault(i, []).append(UOp(Ops.FREE, src=(b,)))
+  steps = [x for i, step in enumerate(program.src) for x in (*allocs.get(i, ()), step, *frees.get(i, ()))]
+  return program.replace(src=tuple(steps), arg="lifetimes")
+
+
+def share_storage_best_fit(ctx: HostContext, program: UOp) -> UOp:
+  """Each ALLOC takes the smallest free storage of its device that holds it (best fit), else a new one; a FREE puts
+  its buffer's storage back on the free list. The last FREE of a storage gives it back to the device."""
+  free: list[Storage] = []
+  storage_of: dict[UOp, Storage] = {}
+  steps = []
+  for step in program.src:
+    if step.op is Ops.ALLOC:
+      b = step.src[0]
+      fits = [s for s in free if s.device == b.arg.device and s.nbytes >= nbytes(b)]
+      if fits: free.remove(s := min(fits, key=lambda s: (s.nbytes, s.number)))
+      else: s = Storage(next(ctx.storages), nbytes(b), b.arg.device)
+      storage_of[b] = s
+      step = step.replace(arg=s)
+    elif step.op is Ops.FREE: free.append(storage_of[step.src[0]])
+    steps.append(step)
+  # a storage is given back at the FREE after which no ALLOC takes it again
+  released: set[Storage] = set()
+  for i in range(len(steps) - 1, -1, -1):
+    if steps[i].op is Ops.FREE and (s := storage_of[steps[i].src[0]]) not in released:
+      released.add(s)
+      steps[i] = steps[i].replace(arg=s)
+  return program.replace(src=tuple(steps), arg="planned")
+
+
+memory_rules = PatternMatcher([
+  (UPat(Ops.SINK, name="program", arg="steps"), alloc_and_free_intermediates),
+  (UPat(Ops.SINK, name="program", arg="lifetimes"), share_storage_best_fit),
+], name="memory")

@@ -1,0 +1,101 @@
+"""Library routines a host program can call instead of a generated kernel (`EXTERN` steps, rules/host.py).
+
+`routines(device) -> tuple of names` says what is available on a device (what the `host` stage may use);
+`routine(device, name)` returns the callable, `fn(buffer_handles, extern)`, taking the step's buffer handles and the
+`Extern` (its parameters and which handles are the output and inputs).
+
+- CPU: `sgemm` from the OpenBLAS of the `scipy-openblas32` package (`pip install scipy-openblas32`, or the `blas` extra
+  of pyproject.toml), loaded with cffi's ABI mode like our own kernels (pointers passed as uintptr_t). Without the
+  package there is no routine and every matrix product is generated code.
+- CUDA: `sgemm` from the toolkit's cuBLAS (libcublas.so), through cffi, on the default stream our kernels use.
+  cuBLAS is column-major, so the row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T.
+
+GRAFT_EXTERN=0 turns routines off, =1 uses them wherever they apply; unset, the runtime times both on first use
+(runtime/pick.py).
+"""
+from __future__ import annotations
+import functools, os, threading
+from typing import Callable
+
+CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+_lock = threading.Lock()
+
+
+def mode() -> str:
+  """"off", "on" or "pick" from GRAFT_EXTERN (0, 1, unset); anything else is a ValueError naming the choices."""
+  v = os.environ.get("GRAFT_EXTERN", "")
+  if v not in ("", "0", "1"): raise ValueError(f"GRAFT_EXTERN={v!r}: use 0 (generated code only), 1 (libraries where they apply) or leave it unset (time both)")
+  return {"": "pick", "0": "off", "1": "on"}[v]
+
+
+def routines(device: str) -> tuple[str, ...]:
+  return ("sgemm",) if routine(device, "sgemm") is not None else ()
+
+
+def routine(device: str, name: str) -> Callable | None:
+  if name != "sgemm": return None
+  with _lock: return {"CPU": _cpu_sgemm, "CUDA": _cuda_sgemm}[device]()
+
+
+# ---------------------------------------------------------------- CPU: OpenBLAS of scipy-openblas32
+
+@functools.cache
+def _cpu_sgemm() -> Callable | None:
+  try: import scipy_openblas32
+  except ImportError: return None
+  import cffi
+  ffi = cffi.FFI()
+  prefix = scipy_openblas32.get_library().removeprefix("lib").removesuffix("openblas")  # "scipy_"
+  ffi.cdef(f"void {prefix}cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, uintptr_t a, int lda,"
+           f" uintptr_t b, int ldb, float beta, uintptr_t c, int ldc);")
+  lib = ffi.dlopen(os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so"))
+  gemm = getattr(lib, f"{prefix}cblas_sgemm")
+
+  def sgemm(handles: list[int], ext) -> None:
+    p = dict(ext.params)
+    c, a, b = (handles[i] for i in ext.operands)
+    gemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS if p["trans_a"] == "N" else CBLAS_TRANS,
+         CBLAS_NO_TRANS if p["trans_b"] == "N" else CBLAS_TRANS, p["m"], p["n"], p["k"], 1.0,
+         a + 4 * p["offset_a"], p["lda"], b + 4 * p["offset_b"], p["ldb"], 0.0, c + 4 * p["offset_c"], p["ldc"])
+  sgemm.library = f"OpenBLAS ({scipy_openblas32.__name__} {scipy_openblas32.__version__})"  # type: ignore[attr-defined]
+  return sgemm
+
+
+# ---------------------------------------------------------------- CUDA: cuBLAS
+
+CUBLAS_CDEF = """
+typedef struct cublasContext *cublasHandle_t;
+int cublasCreate_v2(cublasHandle_t *handle);
+int cublasSgemm_v2(cublasHandle_t handle, int transa, int transb, int m, int n, int k, const float *alpha,
+                   uintptr_t A, int lda, uintptr_t B, int ldb, const float *beta, uintptr_t C, int ldc);
+"""
+CUBLAS_LIBS = ("libcublas.so", "libcublas.so.12", "libcublas.so.13", "libcublas.so.11")
+
+
+@functools.cache
+def _cuda_sgemm() -> Callable | None:
+  import cffi
+  ffi = cffi.FFI()
+  ffi.cdef(CUBLAS_CDEF)
+  for name in CUBLAS_LIBS:
+    try: lib = ffi.dlopen(name); break
+    except OSError: continue
+  else: return None
+  from runtime.device import get_device
+  try: get_device("CUDA").activate()  # cuBLAS binds to the current context: ours
+  except Exception: return None
+  handle = ffi.new("cublasHandle_t *")
+  if lib.cublasCreate_v2(handle) != 0: return None
+  one, zero = ffi.new("float *", 1.0), ffi.new("float *", 0.0)
+
+  def sgemm(handles: list[int], ext) -> None:
+    p = dict(ext.params)
+    c, a, b = (handles[i] for i in ext.operands)
+    # row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T: swap the operands, keep the ops
+    code = lib.cublasSgemm_v2(handle[0], CUBLAS_OP_N if p["trans_b"] == "N" else CUBLAS_OP_T,
+                              CUBLAS_OP_N if p["trans_a"] == "N" else CUBLAS_OP_T, p["n"], p["m"], p["k"], one,
+                              b + 4 * p["offset_b"], p["ldb"], a + 4 * p["offset_a"], p["lda"], zero, c + 4 * p["offset_c"], p["ldc"])
+    if code != 0: raise RuntimeError(f"cublasSgemm_v2 failed with status {code} ({ext.name} {p})")
+  sgemm.library = "cuBLAS"  # type: ignore[attr-defined]
+  return sgemm

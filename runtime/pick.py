@@ -1,0 +1,70 @@
+"""The measured pick: where a step has several implementations (a generated kernel and a library call, say), the
+first call times each on the real buffers and the fastest is remembered, in memory and on disk, by (what the step
+computes, its shapes, the device, the machine). Later calls and later processes reuse the choice.
+
+`choose(key, candidates) -> (name, why)`: `key` is a tuple of strings naming the work (kernel, shapes, device);
+`candidates` maps a name to a callable that runs that implementation once and returns its time in seconds (having
+waited for the device). Each candidate runs once to warm up (a first call may load a library or fault pages in), then
+`RUNS` times; the smallest median wins.
+
+On disk: `<cache dir>/pick/<sha256 of key and machine>.json` holding {"key": [...], "choice": name, "seconds": {...}},
+written atomically by runtime/cache.py's writer (a separate format from the compiled-artifact entries). A file that
+cannot be read, or names a choice that is not among the candidates, is measured again and rewritten.
+GRAFT_CACHE=0 keeps picks in memory only.
+"""
+from __future__ import annotations
+import hashlib, json, statistics, threading
+from pathlib import Path
+from typing import Callable
+from runtime import cache
+
+FORMAT = "graft-pick-1"
+RUNS = 3
+_memory: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def _digest(key: tuple[str, ...]) -> str:
+  from runtime.cpu import machine_identity
+  h = hashlib.sha256()
+  for part in (FORMAT, *key, machine_identity()):
+    b = part.encode()
+    h.update(len(b).to_bytes(8, "little") + b)
+  return h.hexdigest()
+
+
+def _path(digest: str) -> Path | None:
+  d = cache.cache_dir()
+  return None if d is None else d / "pick" / f"{digest}.json"
+
+
+def choose(key: tuple[str, ...], candidates: dict[str, Callable[[], float]]) -> tuple[str, str]:
+  digest = _digest(key)
+  with _lock: known = _memory.get(digest)
+  if known in candidates: return known, "chosen earlier in this process"
+  path = _path(digest)
+  if path is not None:
+    try:
+      known = json.loads(path.read_text())["choice"]
+      if known in candidates:
+        with _lock: _memory[digest] = known
+        return known, f"measured by an earlier process ({path})"
+    except (OSError, ValueError, KeyError, TypeError): pass
+  seconds = {}
+  for name, run in candidates.items():
+    run()
+    seconds[name] = statistics.median(run() for _ in range(RUNS))
+  best = min(seconds, key=seconds.get)
+  with _lock: _memory[digest] = best
+  if path is not None:
+    try:
+      if cache._dir_problem(path.parent) is None:
+        cache._write_atomic(path, json.dumps({"key": list(key), "choice": best, "seconds": seconds}).encode())
+    except OSError: pass  # a read-only cache directory: the pick is remembered for this process only
+  times = ", ".join(f"{n} {s * 1e3:.3f} ms" for n, s in seconds.items())
+  return best, f"fastest on first use ({times})"
+
+
+def forget() -> None:
+  """Forget the picks of this process (the disk keeps its own)."""
+  with _lock: _memory.clear()

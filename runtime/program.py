@@ -1,0 +1,189 @@
+"""`Program`: the host program of one realize (rules/host.py's steps, planned), ready to run again and again.
+
+It keeps no UOp of the user's graph: existing buffers (inputs, assignment targets) are held by weak reference, so a
+cached program never keeps the user's memory alive; buffers the realize returns are made anew on every run;
+intermediates live in storages (rules/host.py `Storage`) taken from the device's allocator at their first ALLOC and
+given back at their last FREE.
+
+`str(program)` is the listing (one line per step, buffer names and sizes), `peak_bytes` the most intermediate bytes
+alive at once under the plan, `unplanned_bytes` what every intermediate in a buffer of its own would take.
+"""
+from __future__ import annotations
+import time, weakref
+import numpy as np
+from rewrite import UOp, Ops
+from rules.host import Extern, nbytes
+from rules.realize import NewBuffer
+from .buffer import Buffer
+from .device import get_device
+from . import extern, pick
+
+
+def _size(n: int) -> str:
+  for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+    if n >= scale: return f"{n / scale:.1f} {unit}"
+  return f"{n} B"
+
+
+class Program:
+  def __init__(self, host: UOp, kernels: dict[UOp, object], returned: list[UOp], outputs: list[tuple]):
+    """host: the planned SINK of steps; kernels: normalized kernel -> CompiledKernel; returned: the BUFFERs the realize
+    returns, in output order; outputs: (dtype, View, BUFFER) of each output's realized form."""
+    index: dict[UOp, int] = {}
+    names, self.table = [], []   # per buffer: ("existing", weakref) | ("new", device, size, dtype) | ("temp", None)
+    counts = {"in": 0, "out": 0, "t": 0}
+
+    def number(b: UOp) -> int:
+      if b in index: return index[b]
+      if not isinstance(b.arg, NewBuffer): kind, entry = "in", ("existing", weakref.ref(b.arg))
+      elif b in returned: kind, entry = "out", ("new", b.arg.device, b.arg.size, b.dtype)
+      else: kind, entry = "t", ("temp", None)
+      index[b] = len(names)
+      names.append(f"{kind}{counts[kind]}"); counts[kind] += 1
+      self.table.append(entry)
+      return index[b]
+
+    for _, _, b in outputs: number(b)
+    self.steps: list[tuple] = []
+    lines: list[str] = []
+    storages: dict[object, int] = {}
+    held = peak = unplanned = 0
+    for step in host.src:
+      idx = [number(b) for b in step.src]
+      if step.op is Ops.ALLOC:
+        b, s = step.src[0], step.arg
+        unplanned += nbytes(b)
+        new = s not in storages
+        if new: storages[s] = len(storages); held += s.nbytes; peak = max(peak, held)
+        self.steps.append(("alloc", idx[0], storages[s], s.device, s.nbytes))
+        lines.append(f"alloc  {names[idx[0]]} {b.dtype.name}[{b.arg.size}] {_size(nbytes(b))} in storage s{storages[s]}"
+                     + ("" if new else " (reused)"))
+      elif step.op is Ops.FREE:
+        s = step.arg
+        if s is not None: held -= s.nbytes
+        self.steps.append(("free", idx[0], storages[s] if s is not None else -1))
+        lines.append(f"free   {names[idx[0]]}" + (f" (storage s{storages[s]} back to {s.device})" if s is not None else ""))
+      elif step.op is Ops.COPY:
+        dst, src = step.src
+        self.steps.append(("copy", idx[0], idx[1], nbytes(src), dst.arg.device, src.arg.device))
+        lines.append(f"copy   {src.arg.device} -> {dst.arg.device}  {names[idx[0]]} <- {names[idx[1]]}  {_size(nbytes(src))}")
+      elif step.op is Ops.CALL:
+        ck = kernels[step.arg]
+        self.steps.append(("call", ck, [idx[i] for i in ck.args]))
+        lines.append(f"call   {ck.name}  {self._io(names, idx, len(step.arg.src))}")
+      elif step.op is Ops.EXTERN:
+        ext: Extern = step.arg
+        ck = kernels[ext.kernel]
+        fn = extern.routine(ck.device, ext.name)
+        # [choice]: None until the first run picks (or "extern" / "generated" when the plan says so)
+        choice = ["extern" if not ext.pick else None]
+        self.steps.append(("extern", ext, fn, ck, idx, choice))
+        p = dict(ext.params)
+        what = f"{p['m']}x{p['n']}x{p['k']} ({'A' if p['trans_a'] == 'N' else 'A^T'}, {'B' if p['trans_b'] == 'N' else 'B^T'})"
+        lines.append(f"extern {ext.name} {what}  {self._io(names, idx, 1)}" +
+                     (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
+      else: raise ValueError(f"host program step {step.op} has no runtime meaning")
+    self.storages = [(s.device, s.nbytes) for s in storages]
+    self.outputs = [(dt, view, index[b]) for dt, view, b in outputs]
+    self.names, self.peak_bytes, self.unplanned_bytes = names, peak, unplanned
+    calls = sum(s[0] in ("call", "extern") for s in self.steps)
+    head = f"host program: {len(self.steps)} steps, {calls} calls; intermediates peak {_size(peak)} (unplanned {_size(unplanned)})"
+    ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {self._existing(e)}"
+           for i, e in enumerate(self.table) if e[0] != "temp"]
+    self.listing = "\n".join([head, "  buffers: " + ", ".join(ios)] + [f"  {ln}" for ln in lines])
+    self.ran: list[str] = []  # what DEBUG=2 says about the last run's choices
+    self.explanations: list[str] = []  # the pipeline's decisions (DEBUG=2)
+
+  def kernels_called(self) -> list:
+    """The compiled kernel of each call (for a library call, the generated kernel it may run instead)."""
+    return [s[3] if s[0] == "extern" else s[1] for s in self.steps if s[0] in ("call", "extern")]
+
+  @staticmethod
+  def _io(names: list[str], idx: list[int], written: int) -> str:
+    return f"{', '.join(names[i] for i in idx[:written])} <- {', '.join(names[i] for i in idx[written:]) or '(nothing)'}"
+
+  @staticmethod
+  def _existing(entry) -> str:
+    b = entry[1]()
+    return f"{b.dtype.name}[{b.size}]" if b is not None else "(gone)"
+
+  def __str__(self) -> str: return self.listing
+  def __repr__(self) -> str: return f"<Program {len(self.steps)} steps, peak {self.peak_bytes} B, unplanned {self.unplanned_bytes} B>"
+
+  @property
+  def valid(self) -> bool:
+    """Every existing buffer it names is still alive (else a cached program is void)."""
+    return all(e[0] != "existing" or e[1]() is not None for e in self.table)
+
+  def run(self, debug: int = 0) -> list[UOp]:
+    """Run every step; the realized `VIEW(BUFFER)` of each output."""
+    buffers: list = [None] * len(self.table)
+    handles: list = [None] * len(self.table)
+    for i, e in enumerate(self.table):
+      if e[0] == "existing": buffers[i] = e[1](); handles[i] = buffers[i].handle
+      elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
+    storage: list = [None] * len(self.storages)
+    try:
+      for step in self.steps: self._step(step, handles, storage, debug)
+    finally:
+      for s, h in enumerate(storage):  # after a failure, what is still held goes back too
+        if h is not None: get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])
+    return [UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buffers[i]),), view) for dt, view, i in self.outputs]
+
+  def _step(self, step: tuple, handles: list, storage: list, debug: int) -> None:
+    kind = step[0]
+    if kind == "alloc":
+      _, i, s, device, size = step
+      if storage[s] is None: storage[s] = get_device(device).allocator.alloc(size)
+      handles[i] = storage[s]
+    elif kind == "free":
+      if (s := step[2]) >= 0:
+        h, storage[s] = storage[s], None
+        get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])
+    elif kind == "copy":
+      _, dst, src, size, dst_dev, src_dev = step
+      t0 = time.perf_counter()
+      tmp = np.empty(size, np.uint8)
+      get_device(src_dev).allocator.copyout(memoryview(tmp), handles[src])
+      get_device(dst_dev).allocator.copyin(handles[dst], memoryview(tmp))
+      if debug >= 2: print(f"  copy {src_dev} -> {dst_dev}  {size / 1e6:.1f} MB  {(time.perf_counter() - t0) * 1e3:.3f} ms")
+    elif kind == "call":
+      _, ck, idx = step
+      _run_kernel(ck, [handles[i] for i in idx], debug)
+    else:
+      _, ext, fn, ck, idx, choice = step
+      args = [handles[i] for i in idx]
+      if choice[0] is None:
+        choice[0], why = self._pick(ext, fn, ck, args)
+        self.ran.append(f"{ext.name} or {ck.name}: {choice[0]} ({why})")
+      elif fn is None: choice[0] = "generated"
+      if debug >= 2 and self.ran: print("\n".join(f"  {r}" for r in self.ran)); self.ran.clear()
+      if choice[0] == "extern" and fn is not None:
+        t0 = time.perf_counter()
+        fn(args, ext)
+        if debug >= 2:
+          get_device(ck.device).synchronize()
+          print(f"  extern {ext.name} via {fn.library:<27s} {(time.perf_counter() - t0) * 1e3:9.3f} ms  {ck.flops / (time.perf_counter() - t0) / 1e9:8.2f} GFLOP/s")
+      else: _run_kernel(ck, [args[i] for i in ck.args], debug)
+
+  @staticmethod
+  def _pick(ext: Extern, fn, ck, args: list) -> tuple[str, str]:
+    if fn is None: return "generated", "the library is not available here"
+    dev = get_device(ck.device)
+    def run_extern() -> float:
+      t0 = time.perf_counter(); fn(args, ext); dev.synchronize()
+      return time.perf_counter() - t0
+    def run_generated() -> float:
+      t0 = time.perf_counter()
+      ck.program(*[args[i] for i in ck.args], global_size=ck.global_size, local_size=ck.local_size); dev.synchronize()
+      return time.perf_counter() - t0
+    key = (ext.name, ck.name, repr(ext.params), ck.device, getattr(dev, "device_name", ck.device))
+    return pick.choose(key, {"extern": run_extern, "generated": run_generated})
+
+
+def _run_kernel(ck, handles: list, debug: int) -> None:
+  dt = ck.program(*handles, global_size=ck.global_size, local_size=ck.local_size, wait=debug >= 2) or 0.0
+  if debug >= 2:
+    rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
+    print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
+  if debug >= 3: print(ck.source)

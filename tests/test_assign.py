@@ -1,0 +1,175 @@
+"""In-place updates: Tensor.assign and t[index] = value, against numpy, including a value that reads the target."""
+import numpy as np
+import pytest
+from tensor import Tensor
+from rewrite import UOp, Ops
+from rules.view import View
+from runtime.realize import realize, last_program
+
+rng = np.random.default_rng(0)
+
+
+def arr(*shape, dtype=np.float32): return (rng.standard_normal(shape) * 10).astype(dtype)
+
+
+SETITEM_CASES = [
+  ((5, 6), 2), ((5, 6), -1), ((5, 6), (1, 2)), ((5, 6), slice(1, 4)), ((5, 6), slice(None, None, 2)),
+  ((5, 6), slice(None, None, -1)), ((5, 6), slice(4, 0, -2)), ((5, 6), (slice(None), 3)), ((5, 6), (Ellipsis, 1)),
+  ((5, 6), (slice(1, None, 3), slice(None, None, -2))), ((2, 3, 4), (Ellipsis, slice(1, 3))), ((2, 3, 4), (1, Ellipsis, 0)),
+  ((2, 3, 4), (slice(None), slice(None, None, -1), slice(0, 4, 3))), ((2, 3, 4), Ellipsis), ((7,), slice(2, 100)),
+  ((7,), slice(-3, None)), ((2, 3, 4), (None, 1)),
+]
+
+
+@pytest.mark.parametrize("shape,index", SETITEM_CASES)
+def test_setitem_with_a_scalar_matches_numpy(shape, index):
+  a = arr(*shape)
+  t = Tensor(a.copy())
+  t[index] = 7.5
+  a[index] = 7.5
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+@pytest.mark.parametrize("shape,index", SETITEM_CASES)
+def test_setitem_with_an_array_of_the_selection_shape_matches_numpy(shape, index):
+  a = arr(*shape)
+  t = Tensor(a.copy())
+  value = arr(*np.empty(shape)[index].shape)
+  t[index] = Tensor(value)
+  a[index] = value
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_setitem_broadcasts_a_row_and_a_column():
+  a, t = arr(4, 5), None
+  t = Tensor(a.copy())
+  row, col = arr(5), arr(4, 1)
+  t[1:3] = row; a[1:3] = row
+  t[:, ::2] = Tensor(col); a[:, ::2] = col
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_setitem_with_a_numpy_array_and_on_ints():
+  a = np.arange(12, dtype=np.int32).reshape(3, 4)
+  t = Tensor(a.copy())
+  t[::2, 1] = np.array([-5, -6], dtype=np.int32); a[::2, 1] = [-5, -6]
+  t[1] = 3; a[1] = 3
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_setitem_on_a_lazy_tensor_realizes_it_first():
+  t = Tensor.zeros(3, 4)
+  t[1, 1:] = 2.0
+  expect = np.zeros((3, 4), np.float32); expect[1, 1:] = 2
+  np.testing.assert_array_equal(t.numpy(), expect)
+
+
+def test_assign_takes_a_tensor_an_array_or_a_scalar_and_returns_self():
+  t = Tensor(arr(3, 3))
+  v = arr(3, 3)
+  assert t.assign(Tensor(v)) is t
+  np.testing.assert_array_equal(t.numpy(), v)
+  t.assign(v * 2)
+  np.testing.assert_array_equal(t.numpy(), v * 2)
+  t.assign(1.5)
+  np.testing.assert_array_equal(t.numpy(), np.full((3, 3), 1.5, np.float32))
+
+
+def test_an_update_writes_the_existing_memory():
+  t = Tensor(arr(64))
+  t.realize()
+  buf = t.uop.src[0].arg
+  handle = buf.handle
+  t[3:10] = 0.0
+  t.assign(Tensor(arr(64)))
+  assert t.uop.src[0].arg is buf and buf.handle == handle
+
+
+def test_a_lazy_tensor_built_before_reads_old_values_one_built_after_new_ones():
+  a = arr(6)
+  t = Tensor(a.copy())
+  before = t * 2
+  t[0] = 100.0
+  after = t * 2
+  t.assign(t + 1)
+  latest = t * 2
+  np.testing.assert_array_equal(before.numpy(), a * 2)
+  b = a.copy(); b[0] = 100
+  np.testing.assert_array_equal(after.numpy(), b * 2)
+  np.testing.assert_array_equal(latest.numpy(), (b + 1) * 2)
+
+
+def test_the_value_written_keeps_its_own_old_value():
+  a = arr(5)
+  t = Tensor(a.copy())
+  rev = t[::-1]
+  t.assign(rev)
+  np.testing.assert_array_equal(t.numpy(), a[::-1])
+  np.testing.assert_array_equal(rev.numpy(), a[::-1])   # still the reverse of the values it was built from
+
+
+@pytest.mark.parametrize("update", [
+  lambda t, a: (t.assign(t[::-1]), a[::-1].copy()),
+  lambda t, a: (t.__setitem__(slice(1, None), t[:-1]), np.concatenate([a[:1], a[:-1]])),
+  lambda t, a: (t.__setitem__(slice(None, -1), t[1:]), np.concatenate([a[1:], a[-1:]])),
+  lambda t, a: (t.assign(t - t.max()), a - a.max()),
+  lambda t, a: (t.assign(t * t + 1), a * a + 1),
+])
+def test_updates_whose_value_reads_the_target_match_numpy(update):
+  a = arr(9)
+  t = Tensor(a.copy())
+  _, expect = update(t, a)
+  np.testing.assert_allclose(t.numpy(), expect, rtol=1e-6)
+
+
+def test_a_square_matrix_assigned_its_transpose():
+  a = arr(6, 6)
+  t = Tensor(a.copy())
+  t.assign(t.T)
+  np.testing.assert_array_equal(t.numpy(), a.T)
+
+
+def test_a_shape_mismatch_names_both_shapes_and_leaves_the_target_unchanged():
+  a = arr(3, 4)
+  t = Tensor(a.copy())
+  with pytest.raises(ValueError, match=r"\(2, 4\).*\(3, 4\)"): t.assign(Tensor(arr(2, 4)))
+  with pytest.raises(ValueError, match=r"\(3,\).*\(2, 4\)"): t[1:] = Tensor(arr(3))
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_a_dtype_mismatch_names_both_dtypes_and_leaves_the_target_unchanged():
+  a = arr(3, 4)
+  t = Tensor(a.copy())
+  with pytest.raises(TypeError, match="int32.*float32"): t.assign(Tensor(np.zeros((3, 4), np.int32)))
+  with pytest.raises(TypeError, match="float64.*float32"): t[0] = np.zeros(4)
+  np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_bad_indices_raise_like_getitem():
+  t = Tensor(arr(3))
+  with pytest.raises(IndexError): t[5] = 1.0
+  with pytest.raises(TypeError): t[[0, 1]] = 1.0
+
+
+# ---- the host stage's choice, seen through realize(targets=...) ----
+def test_a_kernel_reading_the_target_where_it_writes_stores_in_place():
+  t = Tensor(arr(8)).realize()
+  target = t.uop.src[0]
+  realize([((t * 3).uop, t.device)], targets=[(target, View.contiguous((8,)))])
+  assert len(last_program().kernels_called()) == 1 and "alloc" not in str(last_program())
+
+
+def test_a_kernel_reading_the_target_elsewhere_writes_aside_then_copies():
+  a = arr(8)
+  t = Tensor(a.copy()).realize()
+  target = t.uop.src[0]
+  realize([(t[::-1].uop, t.device)], targets=[(target, View.contiguous((8,)))])
+  assert len(last_program().kernels_called()) == 2 and "alloc" in str(last_program())
+  np.testing.assert_array_equal(target.arg.numpy(), a[::-1])
+
+
+def test_a_nested_list_is_taken_in_the_tensors_dtype():
+  t = Tensor(np.zeros((2, 3), np.int32))
+  t[1] = [4, 5, 6]
+  t[:, 0] = [7, 8]
+  np.testing.assert_array_equal(t.numpy(), [[7, 0, 0], [8, 5, 6]])

@@ -1,0 +1,61 @@
+"""The measured pick (runtime/pick.py): candidates are timed on first use, the fastest is remembered in memory and on
+disk, and a later process reuses it."""
+import json
+import numpy as np
+import pytest
+from tensor import Tensor
+from runtime import pick, extern
+from runtime.realize import last_program
+
+
+@pytest.fixture
+def fresh(cache_env):
+  pick.forget()
+  yield cache_env
+  pick.forget()
+
+
+def test_the_fastest_candidate_is_chosen_and_written_to_disk(fresh):
+  name, why = pick.choose(("k1", "64x64", "CPU"), {"slow": lambda: 0.002, "fast": lambda: 0.001})
+  assert name == "fast" and why.startswith("fastest on first use")
+  [entry] = (fresh / "pick").glob("*.json")
+  saved = json.loads(entry.read_text())
+  assert saved["choice"] == "fast" and saved["key"] == ["k1", "64x64", "CPU"]
+
+
+def test_a_later_process_reuses_the_choice_without_running_anything(fresh):
+  pick.choose(("k2",), {"a": lambda: 0.001, "b": lambda: 0.002})
+  pick.forget()  # as a new process would start
+  def must_not_run() -> float: raise AssertionError("a remembered pick runs no candidate")
+  name, why = pick.choose(("k2",), {"a": must_not_run, "b": must_not_run})
+  assert name == "a" and "earlier process" in why
+  assert pick.choose(("k2",), {"a": must_not_run, "b": must_not_run}) == ("a", "chosen earlier in this process")
+
+
+def test_other_shapes_are_measured_apart(fresh):
+  pick.choose(("k3", "8x8"), {"a": lambda: 0.001, "b": lambda: 0.002})
+  assert pick.choose(("k3", "16x16"), {"a": lambda: 0.002, "b": lambda: 0.001})[0] == "b"
+
+
+def test_a_damaged_entry_is_measured_again(fresh):
+  pick.choose(("k4",), {"a": lambda: 0.001, "b": lambda: 0.002})
+  pick.forget()
+  [entry] = (fresh / "pick").glob("*.json")
+  entry.write_text("{not json")
+  assert pick.choose(("k4",), {"a": lambda: 0.002, "b": lambda: 0.001})[0] == "b"
+
+
+@pytest.mark.skipif(extern.routine("CPU", "sgemm") is None, reason="scipy-openblas32 is not installed")
+def test_a_matmul_picks_between_sgemm_and_generated_code_and_says_why(fresh, monkeypatch, capsys):
+  monkeypatch.delenv("GRAFT_EXTERN", raising=False)
+  monkeypatch.setenv("DEBUG", "2")
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((96, 80)).astype(np.float32), rng.standard_normal((80, 72)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  out = capsys.readouterr().out
+  assert "or generated" in str(last_program())             # the listing says both are candidates
+  assert "sgemm or " in out and "fastest on first use" in out  # DEBUG=2 says which ran and why
+  pick.forget()
+  np.testing.assert_allclose((Tensor(b.T.copy()) @ Tensor(a.T.copy())).numpy(), b.T @ a.T, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  assert "measured by an earlier process" in capsys.readouterr().out
