@@ -15,7 +15,7 @@ from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
 from .linearize import opt_rules, linearize_rules, OptContext
-from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
+from .gpu import fuse_rules, FuseContext, grid_plan_rules, grid_rules, GridContext, gpu_index_rules
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
+  grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
 
 
 def _kernelize_ctx(run: Run) -> KernelizeContext:
@@ -54,6 +55,12 @@ def _group_ctx(run: Run) -> GroupDecisions:
 def _fuse_ctx(run: Run) -> FuseContext:
   run.fuse = FuseContext(set(run.outputs))
   return run.fuse
+
+
+def _grid_ctx(run: Run) -> GridContext:
+  # a fresh context per kernel; a policy a caller preset (run.grid.choose) is kept
+  run.grid = GridContext(choose=run.grid.choose if run.grid is not None else None)
+  return run.grid
 
 
 def _on_device_loops(run: Run) -> bool: return run.device_loops
@@ -121,7 +128,8 @@ pipeline = Pipeline([
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
-  Stage("gpu", gpu_rules, "kernel", applies=_on_device_loops),
+  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops),
+  Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
   Stage("linearize", linearize_rules, "kernel"),
