@@ -28,13 +28,15 @@ Stage `gpu_grid` (kernel scope, `grid_rules`, the same ctx): carries the plan ou
 - a `STORE` is gated where it must not write: a row past the end, a lane past the row's end, or any lane but the
   first for a row's single value;
 - unrolled output loops (the columns of a softmax) are copied per trip on the SINK: the passes of a fused softmax
-  then load the same elements as the same UOps, which hash-consing shares, so the row is read once into registers.
+  then load the same elements as the same UOps, which hash-consing shares, so the row is read once into registers;
+  so are a thread's rows where it takes several (`upcast`: more independent loads in flight per thread).
 Where sizes do not divide, an index past the end is clamped to the last valid one (every load stays in bounds and
 every lane reaches the BARRIER), its share of a reduction is the identity and its store is gated off. Launch sizes
 are the SPECIALs' sizes: `launch_dims` reads them off the linear kernel, within MAX_THREADS and MAX_GRID.
 
 The two mappings the heuristic picks between are one mapping with other amounts: one thread per output element
-(every output loop a row, one lane per row, FLAT_THREADS rows per block) and lanes per row (a row reduction that is
+(every output loop a row, one lane per row, FLAT_THREADS rows per block; 2 or 4 rows per thread where the grid would
+still fill the GPU's multiprocessors WAVES times over) and lanes per row (a row reduction that is
 shared by several outputs, walks memory along its row, or has too few rows to fill the GPU a thread each): a block of
 128-1024 lanes for a row of at least BLOCK_REDUCE_MIN elements, else up to a warp of lanes per row and several rows
 per block.
@@ -63,6 +65,9 @@ ROW_GROUP_THREADS = 128      # threads per block where several short rows share 
 FEW_OUTPUTS = 2048           # fewer outputs than this cannot keep a GPU busy with one thread each
 UNROLL = 16                  # per-lane trips of at most this many are unrolled
 LOOP_THREADS = 512           # lanes per row when the per-lane trips stay a loop
+MULTIPROCESSORS = 132        # SMs of the GPU planned for when the device does not say (an H100 SXM, an H200)
+RESIDENT_THREADS = 2048      # threads an SM holds at once (compute capability 8.0 and later)
+WAVES = 4                    # a grid of fewer blocks than this many full GPUs takes no more rows per thread
 
 
 def cdiv(a: int, b: int) -> int: return -(-a // b)
@@ -181,6 +186,7 @@ class GridKind(str, Enum):
   BLOCK = "block"    # a row loop: its index comes from the block (and the thread's row in it); row loops merge row-major
   THREAD = "thread"  # a loop spread over the `amount` lanes of its row: lane l takes l, l+amount, ...
   ROWS = "rows"      # (axis -1) `amount` rows per block, each on its own lanes
+  UPCAST = "upcast"  # (axis -1) each thread takes `amount` rows, unrolled, rows_per_block apart (more loads in flight)
   def __repr__(self): return self.value
 
 
@@ -202,7 +208,12 @@ class GridPlan:
   def lanes(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.THREAD), default=1)
   @property
   def rows_per_block(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.ROWS), default=1)
+  @property
+  def rows_per_thread(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.UPCAST), default=1)
   def __str__(self): return f"{' '.join(map(repr, self.opts)) or 'one thread'} [{self.origin}]"
+
+
+WHOLE_KERNEL = (GridKind.ROWS, GridKind.UPCAST)   # kinds about the rows as a whole: axis -1
 
 
 class InvalidGridPlan(ValueError):
@@ -217,10 +228,11 @@ def kernel_loops(sink: UOp) -> list[UOp]:
 def check_grid_plan(plan: GridPlan, loops: list[UOp]) -> None:
   lanes, rows = plan.lanes, plan.rows_per_block
   for o in plan.opts:
-    if o.kind is not GridKind.ROWS and not 0 <= o.axis < len(loops): raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
+    if o.kind is GridKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
+    if o.kind not in WHOLE_KERNEL and not 0 <= o.axis < len(loops): raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
     if o.kind is GridKind.BLOCK and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop is a row")
     if o.kind is GridKind.THREAD and o.amount != lanes: raise InvalidGridPlan(f"{o!r}: every spread loop has the row's {lanes} lanes")
-  if len({o.axis for o in plan.opts if o.kind is not GridKind.ROWS}) != sum(o.kind is not GridKind.ROWS for o in plan.opts):
+  if len({o.axis for o in plan.opts if o.kind not in WHOLE_KERNEL}) != sum(o.kind not in WHOLE_KERNEL for o in plan.opts):
     raise InvalidGridPlan(f"{plan}: a loop is planned twice")
   if lanes * rows > MAX_THREADS or (lanes > WARP and rows > 1) or (lanes > 1 and (lanes * rows) % WARP):
     raise InvalidGridPlan(f"{plan}: {lanes} lanes x {rows} rows is not a block (whole warps, at most {MAX_THREADS} "
@@ -243,7 +255,15 @@ def _strided_loads(reductions: list[UOp], lane_of) -> int:
              for red in reductions for n in red.src[0].toposort if n.op is Ops.LOAD)
 
 
-def grid_plan(sink: UOp, loops: list[UOp]) -> GridPlan:
+def rows_per_thread(n: int, threads: int, multiprocessors: int) -> int:
+  """Rows a thread takes (unrolled) so that each has several loads in flight, while the grid still has
+  WAVES x multiprocessors x (RESIDENT_THREADS / threads) blocks: the whole GPU busy several times over."""
+  for e in (4, 2):
+    if cdiv(n, threads * e) >= WAVES * multiprocessors * (RESIDENT_THREADS // threads): return e
+  return 1
+
+
+def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
   """The heuristic: lanes per row when the kernel has reductions computed once per output element (by ADD or MAX)
   and one of: their rows are too few to fill the GPU with a thread each; a row's value is shared by several outputs
   (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
@@ -264,7 +284,9 @@ def grid_plan(sink: UOp, loops: list[UOp]) -> GridPlan:
                      *((GridOpt(GridKind.ROWS, -1, per_block),) if per_block > 1 else ())), "heuristic")
   n = size_of(outs)
   per_block = FLAT_THREADS if n >= FLAT_THREADS else cdiv(n, WARP) * WARP
-  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in outs), *((GridOpt(GridKind.ROWS, -1, per_block),) if outs else ())), "heuristic")
+  per_thread = rows_per_thread(n, per_block, multiprocessors)
+  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in outs), *((GridOpt(GridKind.ROWS, -1, per_block),) if outs else ()),
+                   *((GridOpt(GridKind.UPCAST, -1, per_thread),) if per_thread > 1 else ())), "heuristic")
 
 
 # ---------------------------------------------------------------- gpu (kernel scope): the plan, laid out once
@@ -315,24 +337,30 @@ class Spread:
 class GridContext:
   """What the gpu stages share for one kernel: the plan and, laid out from it once, the index of each planned loop."""
   choose: Callable[[UOp, list[UOp]], GridPlan] | None = None   # the policy (default: grid_plan)
+  multiprocessors: int = MULTIPROCESSORS                        # the device's SM count (runtime/cuda.py asks the driver)
   plan: GridPlan | None = None
   index: dict[UOp, UOp] = field(default_factory=dict)          # planned RANGE -> its index in SPECIALs and trips
   spreads: dict[tuple[UOp, ...], Spread] = field(default_factory=dict)  # a reduction's new range sources -> its spread
   columns: Spread | None = None                                 # the spread of the output loops that are not rows
+  rows: Spread | None = None                                    # a thread's rows, when it takes several
   gate: UOp | None = None                                       # where a store may write
 
 
 def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
   plan = ctx.plan
-  lanes, per_block = plan.lanes, plan.rows_per_block
+  lanes, per_block, per_thread = plan.lanes, plan.rows_per_block, plan.rows_per_thread
   rows = [loops[a] for a in plan.axes(GridKind.BLOCK)]
   nrows = size_of(rows)
-  blocks = cdiv(nrows, per_block)
+  blocks = cdiv(nrows, per_block * per_thread)
   assert blocks <= MAX_GRID, f"{nrows} rows need {blocks} blocks, more than a grid holds"
   gidx, lidx = special("gidx0", blocks), special("lidx0", per_block * lanes)
   lane = lidx if per_block == 1 else lidx % lanes
-  row = gidx if per_block == 1 else gidx * per_block + lidx // lanes
-  row_guard = row < nrows if nrows % per_block else None
+  # a thread's rows are per_block apart: consecutive threads still take consecutive rows
+  trip = None if per_thread == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, per_thread),), ("out", -1, "rows"))
+  first = gidx if trip is None else gidx * per_thread + trip
+  row = first if per_block == 1 else first * per_block + lidx // lanes
+  row_guard = row < nrows if nrows % (per_block * per_thread) else None
+  if trip is not None: ctx.rows = Spread(nrows, per_block, trip, True, row_guard)
   ctx.index = dict(zip(rows, split(clamped(row, nrows, row_guard), [r.src[0].arg for r in rows])))
   spread = {loops[a] for a in plan.axes(GridKind.THREAD)}
   owned = [red.src[1:] for red in sink.toposort if red.op is Ops.REDUCE and set(red.src[1:]) <= spread]
@@ -357,7 +385,7 @@ def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
   if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
   if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
   loops = kernel_loops(sink)
-  plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops)
+  plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops, ctx.multiprocessors)
   check_grid_plan(plan, loops)
   ctx.plan = plan
   lay_out(ctx, sink, loops)
@@ -397,18 +425,20 @@ def gate_store(ctx: GridContext, st: UOp) -> UOp | None:
   return None if gate is None else st.replace(src=(*st.src, gate))
 
 
-def unroll_columns(ctx: GridContext, sink: UOp) -> UOp | None:
-  """Each store over unrolled column trips becomes one store per trip."""
-  s = ctx.columns
-  if s is None or s.trip is None or not s.unrolled or not any(s.trip in st.toposort for st in sink.src): return None
-  return sink.replace(src=tuple(c for st in sink.src for c, _ in s.copies(st)))
+def unroll_stores(ctx: GridContext, sink: UOp) -> UOp | None:
+  """Each store over a thread's unrolled rows or column trips becomes one store per trip."""
+  stores = list(sink.src)
+  for s in (ctx.rows, ctx.columns):
+    if s is None or s.trip is None or not s.unrolled or not any(s.trip in st.toposort for st in stores): continue
+    stores = [c for st in stores for c, _ in s.copies(st)]
+  return None if stores == list(sink.src) else sink.replace(src=tuple(stores))
 
 
 grid_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), loop_to_grid_index),
   (UPat(Ops.REDUCE, name="red"), reduce_over_lanes),
   (UPat(Ops.STORE, name="st", src=(UPat(), UPat())), gate_store),
-  (UPat(Ops.SINK, name="sink"), unroll_columns),
+  (UPat(Ops.SINK, name="sink"), unroll_stores),
 ], name="gpu_grid")
 
 

@@ -58,8 +58,8 @@ def _fuse_ctx(run: Run) -> FuseContext:
 
 
 def _grid_ctx(run: Run) -> GridContext:
-  # a fresh context per kernel; a policy a caller preset (run.grid.choose) is kept
-  run.grid = GridContext(choose=run.grid.choose if run.grid is not None else None)
+  # a fresh context per kernel; what a caller preset (a policy, the device's SM count) is kept
+  run.grid = GridContext() if run.grid is None else GridContext(choose=run.grid.choose, multiprocessors=run.grid.multiprocessors)
   return run.grid
 
 

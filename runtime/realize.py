@@ -13,7 +13,7 @@ from rewrite import UOp, Ops, stats
 from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.0, 1 and True differ
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
-from rules.gpu import launch_dims
+from rules.gpu import launch_dims, GridContext
 from .buffer import Buffer
 from .device import get_device, canonical_name
 
@@ -60,6 +60,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = get_device(device).renderer
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
+  # the grid plan sizes grids by the device's multiprocessors (a CUDA device asks its driver)
+  if (sms := getattr(get_device(device), "multiprocessor_count", None)): run.grid = GridContext(multiprocessors=sms)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
     with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
   else: linear = lower_kernel(norm, run)

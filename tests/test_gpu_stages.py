@@ -9,7 +9,7 @@ import pytest
 
 from rewrite import Ops, UOp, dtypes
 from rewrite.graph_rewrite import RuleError
-from rules.gpu import (MAX_THREADS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
+from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
                        InvalidGridPlan)
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import NewBuffer, normalize
@@ -78,8 +78,9 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       pc += 1
 
 
-def run_on_model_gpu(*tensors: Tensor) -> list[np.ndarray]:
-  """The tensors computed through the GPU stages, in the model grid; inputs come from their CPU buffers."""
+def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS) -> list[np.ndarray]:
+  """The tensors computed through the GPU stages for a GPU of `multiprocessors` SMs, in the model grid; inputs come
+  from their CPU buffers."""
   run = Run("CPU", parallel=False, device_loops=True)
   kernels, realized = schedule([t.uop for t in tensors], ["CPU"] * len(tensors), run)
   arrays: dict = {}
@@ -89,7 +90,7 @@ def run_on_model_gpu(*tensors: Tensor) -> list[np.ndarray]:
   for k in kernels:
     assert k.op is Ops.KERNEL
     norm, bufs = normalize(k)
-    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True))
+    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors)))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
     run_grid(linear, {i: array_of(b) for i, b in enumerate(bufs)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
@@ -189,6 +190,20 @@ def test_elementwise_views_and_odd_sizes():
   got = run_on_model_gpu(((x * y + 1).exp() - x).relu(), x.T.flip(0)[3:40:2] * 2, x.pad(((1, 2), (0, 1))))
   want = [np.maximum(np.exp(xn * yn + 1) - xn, 0), xn.T[::-1][3:40:2] * 2, np.pad(xn, ((1, 2), (0, 1)))]
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, rows_per_thread", [((200, 300), 4), ((129, 200), 2), ((3, 5), 1)])
+def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, rows_per_thread):
+  # on a GPU of one multiprocessor a small grid fills it: each thread takes 2 or 4 elements, FLAT_THREADS apart
+  x, y = T(*shape), T(shape[1])
+  t = ((x * y + 1).exp() - x).relu()
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=1))
+  lower_kernel(normalize(kernels[0])[0], run)
+  assert run.grid.plan.rows_per_thread == rows_per_thread
+  got = run_on_model_gpu(t, x.sum(1), multiprocessors=1)
+  np.testing.assert_allclose(got[0], np.maximum(np.exp(x.numpy() * y.numpy() + 1) - x.numpy(), 0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got[1], x.numpy().sum(1), rtol=2e-4, atol=2e-4)
 
 
 def test_matmul_conv_and_attention():
