@@ -94,6 +94,13 @@ def _top_reductions(value: UOp) -> list[UOp]:
   return out
 
 
+def _under_contiguous_views(u: UOp) -> UOp:
+  """u without the contiguous views on top (a realized buffer read as its own shape): a view over them indexes
+  memory with its own strides."""
+  while u.op is Ops.VIEW and u.arg.is_contiguous: u = u.src[0]
+  return u
+
+
 def _buffer_views(value: UOp) -> list[View] | None:
   """The views through which `value` reads buffers (through elementwise ops), or None when it reads something
   else whose memory layout is not known here (a view of other computed data, a nested reduction)."""
@@ -102,7 +109,7 @@ def _buffer_views(value: UOp) -> list[View] | None:
     n = stack.pop()
     if n in seen: continue
     seen.add(n)
-    if n.op is Ops.VIEW and n.src[0].op is Ops.BUFFER: views.append(n.arg)
+    if n.op is Ops.VIEW and _under_contiguous_views(n.src[0]).op is Ops.BUFFER: views.append(n.arg)
     elif n.op is Ops.VIEW and n.src[0].op is Ops.CONST: continue
     # a reduction inlined here before, read broadcast: its own reads were judged when it was inlined
     elif n.op is Ops.VIEW and _top_reductions(n.src[0]): continue
@@ -248,6 +255,15 @@ def row_lanes(n: int) -> int:
   for b in (128, 256, 512, 1024):
     if cdiv(n, b) <= UNROLL: return b
   return LOOP_THREADS
+
+
+def lane_access(idx: UOp, lane: UOp) -> str:
+  """How the threads of a warp, which differ in the loop index `lane`, read through the index `idx`: all one address
+  ("uniform"), consecutive addresses ("coalesced"), or anything else ("strided")."""
+  if lane not in idx.toposort: return "uniform"
+  coef = sum(k for t, k in terms_of(idx) if t is lane) if any(t is lane for t, _ in terms_of(idx)) else None
+  return "coalesced" if coef == 1 and not any(t is not lane and t is not None and lane in t.toposort
+                                              for t, _ in terms_of(idx)) else "strided"
 
 
 def _strided_loads(reductions: list[UOp], lane_of) -> int:
@@ -440,15 +456,6 @@ grid_rules = PatternMatcher([
   (UPat(Ops.STORE, name="st", src=(UPat(), UPat())), gate_store),
   (UPat(Ops.SINK, name="sink"), unroll_stores),
 ], name="gpu_grid")
-
-
-def lane_access(idx: UOp, lane: UOp) -> str:
-  """How the threads of a warp, which differ in the loop index `lane`, read through the index `idx`: all one address
-  ("uniform"), consecutive addresses ("coalesced"), or anything else ("strided")."""
-  if lane not in idx.toposort: return "uniform"
-  coef = sum(k for t, k in terms_of(idx) if t is lane) if any(t is lane for t, _ in terms_of(idx)) else None
-  return "coalesced" if coef == 1 and not any(t is not lane and t is not None and lane in t.toposort
-                                              for t, _ in terms_of(idx)) else "strided"
 
 
 # ---------------------------------------------------------------- gpu_index

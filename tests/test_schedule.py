@@ -55,6 +55,13 @@ def test_row_normalizations_are_one_kernel_on_cuda_for_any_row_length(name, shap
   assert cuda_kernels_of(ROW_NORMALIZATIONS[name](unallocated_cuda_tensor(*shape))) == ROW_NORMALIZE_KERNELS_ON["CUDA"]
 
 
+def test_attention_is_scores_probabilities_and_product_on_cuda():
+  # the softmax's max and sum run in the kernel that writes the probabilities (the scores are a realized buffer,
+  # read through a reshape of it); the N x N scores stay in memory until a fused attention exists (issue 10)
+  q = unallocated_cuda_tensor(4, 128, 64)
+  assert cuda_kernels_of((q @ q.transpose(-1, -2) * 0.125).softmax(-1) @ q) == 3
+
+
 def test_column_normalization_stays_three_kernels_on_cuda():
   # a column reduction's reads walk down columns: a row's lanes would not read consecutive addresses
   assert cuda_kernels_of(unallocated_cuda_tensor(32, 48).softmax(axis=0)) == 3
