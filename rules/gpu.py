@@ -241,9 +241,10 @@ def check_grid_plan(plan: GridPlan, loops: list[UOp]) -> None:
     if o.kind is GridKind.THREAD and o.amount != lanes: raise InvalidGridPlan(f"{o!r}: every spread loop has the row's {lanes} lanes")
   if len({o.axis for o in plan.opts if o.kind not in WHOLE_KERNEL}) != sum(o.kind not in WHOLE_KERNEL for o in plan.opts):
     raise InvalidGridPlan(f"{plan}: a loop is planned twice")
-  if lanes * rows > MAX_THREADS or (lanes > WARP and rows > 1) or (lanes > 1 and (lanes * rows) % WARP):
+  if (lanes * rows > MAX_THREADS or (lanes > WARP and rows > 1) or (lanes > 1 and (lanes * rows) % WARP) or
+      (lanes < WARP and lanes & (lanes - 1))):
     raise InvalidGridPlan(f"{plan}: {lanes} lanes x {rows} rows is not a block (whole warps, at most {MAX_THREADS} "
-                          "threads, one row per block when a row has more than a warp)")
+                          "threads; a row of up to a warp has a power of two of lanes, a longer one a block alone)")
   outs = [i for i, r in enumerate(loops) if r.arg[0] == "out"]
   if missing := set(outs) - {o.axis for o in plan.opts}: raise InvalidGridPlan(f"{plan}: output loops {sorted(missing)} are not planned")
 
@@ -476,10 +477,14 @@ def fold_div_mod_pairs(u: UOp) -> UOp | None:
   return None
 
 
+def drop_gate_that_always_holds(st: UOp) -> UOp:
+  """A store whose gate the bounds decided (an unrolled trip that is never past the end) is not gated."""
+  return st.replace(src=st.src[:2])
+
+
 gpu_index_rules = symbolic_rules + PatternMatcher([
   (UPat(Ops.ADD, dtype=tuple(d for d in dtypes.all() if d.is_int), name="u"), fold_div_mod_pairs),
-  # a store whose gate the bounds decided (an unrolled trip that is never past the end) is not gated
-  (UPat(Ops.STORE, name="st", src=(UPat(), UPat(), UPat.const(dtypes.bool, True))), lambda st: st.replace(src=st.src[:2])),
+  (UPat(Ops.STORE, name="st", src=(UPat(), UPat(), UPat.const(dtypes.bool, True))), drop_gate_that_always_holds),
 ], name="gpu_index")
 
 

@@ -1,9 +1,10 @@
 """The GPU stages (rules/gpu.py) compute the right values, checked without a GPU: kernels lowered for a device whose
 loops are its threads run in a small numpy model of a CUDA grid (every thread of every block at once, as arrays over
-(block, thread); loops are uniform across threads; a BARRIER combines over the lanes of a row: consecutive threads of a block), and must give
-what numpy gives. Covers one thread per element and one block per row, sizes that do not divide (gated stores,
-clamped indices), unrolled and looped thread loops, fused softmax and layer norm, and the launch limits."""
-import math
+(block, thread); loops are uniform across threads; a BARRIER combines over the lanes of a row: that many consecutive
+threads of a block), and must give what numpy gives. Covers one thread per element (and several per thread), a block
+of lanes per long row, a warp or less per short row with several rows a block, sizes that do not divide (gated
+stores, clamped indices), unrolled and looped per-lane trips, fused softmax, log_softmax, layer norm and variance,
+grid plans as data (the heuristic's, a given one, bad ones refused), and the launch limits."""
 import numpy as np
 import pytest
 
@@ -163,7 +164,8 @@ def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
   run_grid(linear, {0: out, 1: bufs[1].arg.numpy()})
   np.testing.assert_allclose(out, x.numpy().sum(1), rtol=1e-5)
   bad = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64), GridOpt(GridKind.ROWS, -1, 2)))
-  for plan, why in ((bad, "not a block"), (GridPlan(()), "not planned")):
+  odd_lanes = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 24), GridOpt(GridKind.ROWS, -1, 4)))
+  for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (GridPlan(()), "not planned")):
     with pytest.raises(RuleError, match=why) as err:
       lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: plan)))
     assert isinstance(err.value.__cause__, InvalidGridPlan)
