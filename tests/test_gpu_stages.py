@@ -135,6 +135,16 @@ def test_each_row_normalization_alone_is_one_kernel_and_right(shape):
     np.testing.assert_allclose(run_on_model_gpu(t)[0], want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("shape", [(32, 48), (300, 7), (3, 1000)])
+def test_row_reductions_of_other_dtypes(shape):
+  # half, int and bool rows combine in a wider type across lanes (renderers/cuda.py) and come back exact
+  x = T(*shape)
+  xn = x.numpy()
+  got = run_on_model_gpu(x.half().max(1), (x * 4).int().sum(1), (x > 1).any(1), (x > -3).all(1))
+  want = [xn.astype(np.float16).max(1), (xn * 4).astype(np.int32).sum(1), (xn > 1).any(1), (xn > -3).all(1)]
+  for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
+
+
 def plan_of(t: Tensor) -> GridPlan:
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
   run = Run("CPU", parallel=False, device_loops=True)
