@@ -284,7 +284,8 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
   """The heuristic: lanes per row when the kernel has reductions computed once per output element (by ADD or MAX)
   and one of: their rows are too few to fill the GPU with a thread each; a row's value is shared by several outputs
   (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
-  more than along the innermost output axis (a row sum, not a matrix product). Else one thread per output element."""
+  more than along the innermost output axis (a row sum, not a matrix product). Else one thread per output element.
+  A long row whose rows are too few to fill the multiprocessors gets up to MAX_THREADS lanes."""
   axis = {r: i for i, r in enumerate(loops)}
   outs = [r for r in loops if r.arg[0] == "out"]
   ranges = open_ranges(sink)
@@ -293,7 +294,11 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
   rows = sorted(set().union(*(ranges[r] for r in shared)), key=nesting_key) if shared else outs
   if shared and (size_of(rows) < FEW_OUTPUTS or len(rows) < len(outs) or
                  _strided_loads(shared, lambda red: red.src[-1]) < (_strided_loads(shared, lambda red: outs[-1]) if outs else 1)):
-    lanes = row_lanes(max(size_of(red.src[1:]) for red in shared))
+    longest = max(size_of(red.src[1:]) for red in shared)
+    lanes = row_lanes(longest)
+    # few long rows: more lanes per row (at least an element each) until the rows fill the GPU's multiprocessors
+    while lanes >= BLOCK_REDUCE_MIN and lanes < MAX_THREADS and 2 * lanes <= longest and \
+        size_of(rows) * lanes < multiprocessors * RESIDENT_THREADS: lanes *= 2
     per_block = 1 if lanes > WARP else ROW_GROUP_THREADS // lanes
     per_block = max(min(per_block, 1 << (size_of(rows) - 1).bit_length()), WARP // lanes)
     spread = [r for r in outs if r not in rows] + [r for red in shared for r in red.src[1:]]

@@ -145,9 +145,9 @@ def test_row_reductions_of_other_dtypes(shape):
   for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
 
 
-def plan_of(t: Tensor) -> GridPlan:
+def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True)
+  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors))
   lower_kernel(normalize(kernels[0])[0], run)
   return run.grid.plan
 
@@ -157,9 +157,11 @@ def test_grid_plans_are_data_the_heuristic_chooses():
   assert str(plan_of(T(32, 48) + 1)) == f"block(0) block(1) rows(-1, {FLAT_THREADS}) [heuristic]"
   # a short row: a warp of lanes per row (loops 1: the columns, 2 and 3: the max and the sum), 4 rows a block
   assert str(plan_of(T(32, 48).softmax(1))) == "block(0) thread(1, 32) thread(3, 32) thread(2, 32) rows(-1, 4) [heuristic]"
-  # rows of 7: 8 lanes each, 16 rows a block; a long row: a block of lanes
+  # rows of 7: 8 lanes each, 16 rows a block; a long row: a block of lanes, 16 elements or fewer each
   assert plan_of(T(300, 7).sum(1)).lanes == 8 and plan_of(T(300, 7).sum(1)).rows_per_block == 16
-  assert plan_of(T(4, 4096).sum(1)).lanes == 256 and plan_of(T(4, 4096).sum(1)).rows_per_block == 1
+  assert plan_of(T(64, 4096).sum(1), multiprocessors=1).lanes == 256 and plan_of(T(4, 4096).sum(1)).rows_per_block == 1
+  # ... and more lanes where the rows would not fill the multiprocessors (2048 threads each) otherwise
+  assert plan_of(T(4, 4096).sum(1), multiprocessors=1).lanes == 512 and plan_of(T(4, 4096).sum(1)).lanes == 1024
 
 
 def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
