@@ -1,8 +1,9 @@
 """The CUDA renderer: linear kernels whose loops the `gpu` stage mapped onto blocks and threads -> CUDA C for nvcc.
 
 Rules (`cuda_rules`, before the shared `cstyle_rules`) for what only CUDA says: thread and block indices
-(`SPECIAL` -> threadIdx.x, blockIdx.x), the block-wide combine of a reduction (`BARRIER` -> a call to
-`g_block_reduce` of the prelude: warp shuffles, then one value per warp through shared memory), and math functions
+(`SPECIAL` -> threadIdx.x, blockIdx.x), the combine of a row's lanes (`BARRIER` -> a call to `g_row_reduce` of the
+prelude, warp shuffles within a row of up to 32 lanes, or to `g_block_reduce`: warp shuffles, then one value per warp
+through shared memory), and math functions
 for half. Everything else (arithmetic, loads, gated stores, loops, accumulators) is C-family text shared with the C
 renderer. Each kernel is `extern "C" __global__ __launch_bounds__(threads) void NAME(...)` (the symbol is its name;
 the CUDA device reads its parameters from that line). Float math stays IEEE (no fast-math), like the C renderer.
@@ -31,6 +32,12 @@ template <class T, class Op> __device__ __forceinline__ T g_block_reduce(T v, T 
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+/* Every lane of a row of W lanes (W a power of two up to 32, rows aligned to W in the warp) gets the row's values
+   combined by op; every thread of the warp calls it. */
+template <int W, class T, class Op> __device__ __forceinline__ T g_row_reduce(T v, Op op) {
+  for (int o = W / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 """
 
 
@@ -55,18 +62,22 @@ _COMBINE_TYPE = {dtypes.float16: dtypes.float32, dtypes.bool: dtypes.int32, dtyp
                  dtypes.uint8: dtypes.int32, dtypes.int16: dtypes.int32, dtypes.uint16: dtypes.int32}
 
 
-def _block_reduce(ctx: RenderContext, b: UOp) -> str:
-  wide = _COMBINE_TYPE.get(b.dtype, b.dtype)
-  op = "g_op_add" if b.arg is Ops.ADD else "g_op_max"
-  ident = reduce_identity(ctx, UOp(Ops.REDUCE, wide, (), b.arg))
+def _row_reduce(ctx: RenderContext, b: UOp) -> str:
+  """BARRIER(partial, arg=(op, lanes)): the row's lanes combined; a warp's shuffles for up to 32 lanes, else the
+  whole block's (a row of more than a warp is alone in its block)."""
+  (red_op, lanes), wide = b.arg, _COMBINE_TYPE.get(b.dtype, b.dtype)
+  op = "g_op_add" if red_op is Ops.ADD else "g_op_max"
   val = ctx[b.src[0]] if wide is b.dtype else f"(({ctx.lang.type(wide)})({ctx[b.src[0]]}))"
-  call = f"g_block_reduce<{ctx.lang.type(wide)}>({val}, {ident}, {op}())"
+  if lanes <= 32: call = f"g_row_reduce<{lanes}, {ctx.lang.type(wide)}>({val}, {op}())"
+  else:
+    ident = reduce_identity(ctx, UOp(Ops.REDUCE, wide, (), red_op))
+    call = f"g_block_reduce<{ctx.lang.type(wide)}>({val}, {ident}, {op}())"
   return call if wide is b.dtype else f"(({ctx.lang.type(b.dtype)})({call}))"
 
 
 cuda_rules = PatternMatcher([
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]]),
-  (UPat(Ops.BARRIER, name="b"), _block_reduce),
+  (UPat(Ops.BARRIER, name="b"), _row_reduce),
 ], name="render.cuda")
 
 

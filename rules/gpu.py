@@ -3,56 +3,76 @@
 These stages run only when `run.device_loops` (see rules/pipeline.py); the shared stages are unchanged.
 
 Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions`, ctx: `FuseContext`): a kernel that only
-computes a reduction which its readers read broadcast back along the reduced axes (the max and the sum of a row
+computes a row reduction which its readers read broadcast back along the reduced axes (the max and the sum of a
 softmax, the mean and the variance of a layer norm) is inlined into each reader and dropped, unless its buffer is an
-output of the realize. The reader then computes the reduction itself, once per row: on a GPU one block owns a row
-(stage `gpu` below), so the row is read from memory once and again from cache, instead of once per kernel.
-Values are unchanged. Only a reduction that a block runs well (see `block_plan`: it walks memory along the reduced
-axis, as a row reduction does, not down columns) is inlined; every reader must read the result only broadcast along
-the reduced axes (else it would be recomputed per element); nothing between the two kernels may write what the
-reduction reads.
+output of the realize. The reader then computes the reduction itself, once per row: on a GPU a group of lanes owns a
+row (stage `gpu_grid` below), so the row is read from memory once and again from cache, instead of once per kernel.
+Values are unchanged. Decided on the tensor-level graph alone (no other stage is run to decide): only a reduction
+whose reads walk memory along its reduced axis (`walks_rows`: a row reduction, not a column one) is inlined, of any
+row length; every reader must read the result only broadcast along the reduced axes (else it would be recomputed per
+element); nothing between the two kernels may write what the reduction reads.
 
-Stage `gpu` (kernel scope, rule `map_to_grid`): in, a lowered kernel `SINK(STORE...)` with output loops
-`RANGE("out", ...)` and `REDUCE`s; out, the same values with the output loops replaced by thread indices,
-`SPECIAL(arg=("gidx0", blocks))` (the block) and `SPECIAL(arg=("lidx0", threads))` (the thread in its block).
-Two mappings:
-- one thread per output element (`flat`): element gidx0*threads + lidx0, so consecutive threads write (and, for an
-  elementwise kernel, read) consecutive addresses; reductions run as loops in their thread;
-- one block per output row (`block`), for a reduction that is long (>= BLOCK_REDUCE_MIN elements) and either walks
-  memory along its reduced axis or has too few outputs to fill the GPU: each thread accumulates elements
-  lidx0, lidx0+threads, ... (consecutive threads read consecutive addresses), then the block combines its threads'
-  values in one `BARRIER(partial, arg=op)` node: every thread of the block waits there and leaves with the combined
-  value (the renderer calls a warp-shuffle and shared-memory routine). Output elements of the row that do not
-  depend on the reduction (the columns of a softmax) are spread over the threads the same way.
-A thread loop of at most UNROLL trips is unrolled: the passes of a fused softmax then load the same elements as the
-same UOps, which hash-consing shares, so the row is read from memory once and kept in registers.
-Where the sizes do not divide, a thread past the end works on the last valid element (so every load stays in bounds
-and every thread reaches the block's BARRIER) and its store is gated off (`STORE(index, value, gate)`); its share of
-a reduction is the reduction's identity. Launch sizes are the SPECIALs' sizes: `launch_dims` reads them off the
-linear kernel, always within CUDA's limits (MAX_THREADS threads per block, MAX_GRID blocks): a kernel that needs more
-blocks loops over them, the launched blocks taking every MAX_GRID-th one in turn (`grid`: a grid-stride loop).
+Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext`): in, a lowered kernel `SINK(STORE...)`; out,
+the same SINK with arg `GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads),
+how many rows a block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
+lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
+the index every planned loop becomes, for the next stage.
+
+Stage `gpu_grid` (kernel scope, `grid_rules`, the same ctx): carries the plan out with rules on the loops:
+- a planned `RANGE` becomes its index in `SPECIAL(arg=("gidx0", blocks))` (the block) and
+  `SPECIAL(arg=("lidx0", threads))` (the thread): a row loop takes the row, row = gidx0*rows_per_block + lidx0//lanes;
+  a spread loop takes lane, lane+lanes, ... (lane = lidx0 % lanes: consecutive lanes read consecutive addresses);
+- a `REDUCE` over spread loops becomes each lane's partial (its own trips: unrolled when at most UNROLL, else a loop),
+  combined over the row's lanes by `BARRIER(partial, arg=(op, lanes))`: every lane waits there and leaves with the
+  row's value (the renderer: warp shuffles, and shared memory when the row has more than a warp);
+- a `STORE` is gated where it must not write: a row past the end, a lane past the row's end, or any lane but the
+  first for a row's single value;
+- unrolled output loops (the columns of a softmax) are copied per trip on the SINK: the passes of a fused softmax
+  then load the same elements as the same UOps, which hash-consing shares, so the row is read once into registers;
+  so are a thread's rows where it takes several (`upcast`: more independent loads in flight per thread).
+Where sizes do not divide, an index past the end is clamped to the last valid one (every load stays in bounds and
+every lane reaches the BARRIER), its share of a reduction is the identity and its store is gated off. Launch sizes
+are the SPECIALs' sizes: `launch_dims` reads them off the linear kernel, within MAX_THREADS and MAX_GRID: a kernel that needs
+more blocks loops over them, the launched blocks taking every MAX_GRID-th one in turn (`grid`: a grid-stride loop).
+
+The two mappings the heuristic picks between are one mapping with other amounts: one thread per output element
+(every output loop a row, one lane per row, FLAT_THREADS rows per block; 2 or 4 rows per thread where the grid would
+still fill the GPU's multiprocessors WAVES times over) and lanes per row (a row reduction that is
+shared by several outputs, walks memory along its row, or has too few rows to fill the GPU a thread each): a block of
+128-1024 lanes for a row of at least BLOCK_REDUCE_MIN elements, else up to a warp of lanes per row and several rows
+per block.
 
 Stage `gpu_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
-folds the thread-index arithmetic back into flat indices.
+folds the thread-index arithmetic back into flat indices, and a store whose gate the bounds decided is not gated.
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, graph_rewrite
-from .view import View, contiguous_strides
+from enum import Enum
+from typing import Callable
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute
+from .view import contiguous_strides, View
 from .realize import buffers_read, buffers_written
+from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
-from .views import view_rules
-from .lower import lower_rules, LowerContext
 
 MAX_THREADS = 1024           # threads per block, every CUDA GPU since compute capability 2.0
 MAX_GRID = 2**31 - 1         # blocks along x
+WARP = 32
 FLAT_THREADS = 256           # threads per block of a one-thread-per-element kernel
-BLOCK_REDUCE_MIN = 128       # a reduction at least this long is shared by the threads of a block
+BLOCK_REDUCE_MIN = 128       # a row at least this long is shared by a whole block; a shorter one by a warp or less
+ROW_GROUP_THREADS = 128      # threads per block where several short rows share a block
 FEW_OUTPUTS = 2048           # fewer outputs than this cannot keep a GPU busy with one thread each
-UNROLL = 16                  # thread loops of at most this many trips are unrolled
-LOOP_THREADS = 512           # threads per block when the thread loops stay loops
+UNROLL = 16                  # per-lane trips of at most this many are unrolled
+LOOP_THREADS = 512           # lanes per row when the per-lane trips stay a loop
+MULTIPROCESSORS = 132        # SMs of the GPU planned for when the device does not say (an H100 SXM, an H200)
+RESIDENT_THREADS = 2048      # threads an SM holds at once (compute capability 8.0 and later)
+WAVES = 4                    # a grid of fewer blocks than this many full GPUs takes no more rows per thread
+
+
+def cdiv(a: int, b: int) -> int: return -(-a // b)
+def size_of(loops) -> int: return math.prod(r.src[0].arg for r in loops)
 
 
 # ---------------------------------------------------------------- gpu_fuse (schedule scope)
@@ -63,16 +83,54 @@ class FuseContext:
   inlined: list[str] = field(default_factory=list)
 
 
-def _top_reduce_axes(value: UOp) -> set[int] | None:
-  """The reduced axes of the reductions that `value` computes last (reached through elementwise ops only)."""
-  axes, stack, seen = set(), [value], set()
+def _top_reductions(value: UOp) -> list[UOp]:
+  """The reductions that `value` computes last (reached through elementwise ops only)."""
+  out, stack, seen = [], [value], set()
   while stack:
     n = stack.pop()
     if n in seen: continue
     seen.add(n)
-    if n.op is Ops.REDUCE_AXIS: axes |= set(n.arg[1])
+    if n.op is Ops.REDUCE_AXIS: out.append(n)
     elif n.op in GroupOp.Elementwise: stack.extend(n.src)
-  return axes or None
+  return out
+
+
+def _under_contiguous_views(u: UOp) -> UOp:
+  """u without the contiguous views on top (a realized buffer read as its own shape): a view over them indexes
+  memory with its own strides."""
+  while u.op is Ops.VIEW and u.arg.is_contiguous: u = u.src[0]
+  return u
+
+
+def _buffer_views(value: UOp) -> list[View] | None:
+  """The views through which `value` reads buffers (through elementwise ops), or None when it reads something
+  else whose memory layout is not known here (a view of other computed data, a nested reduction)."""
+  views, stack, seen = [], [value], set()
+  while stack:
+    n = stack.pop()
+    if n in seen: continue
+    seen.add(n)
+    if n.op is Ops.VIEW and _under_contiguous_views(n.src[0]).op is Ops.BUFFER: views.append(n.arg)
+    elif n.op is Ops.VIEW and n.src[0].op is Ops.CONST: continue
+    # a reduction inlined here before, read broadcast: its own reads were judged when it was inlined
+    elif n.op is Ops.VIEW and _top_reductions(n.src[0]): continue
+    elif n.op in GroupOp.Elementwise: stack.extend(n.src)
+    elif n.op not in (Ops.CONST, Ops.IOTA): return None
+  return views
+
+
+def walks_rows(reductions: list[UOp]) -> bool:
+  """The reductions read memory along their last reduced axis (stride 0 or 1) more often than along the innermost
+  axis they keep: a row reduction, whose lanes then read consecutive addresses, not a column one."""
+  along = across = 0
+  for red in reductions:
+    shape, axes = shape_of(red.src[0]), red.arg[1]
+    if (views := _buffer_views(red.src[0])) is None: return False
+    kept = [d for d, s in enumerate(shape) if d not in axes and s > 1]
+    for v in views:
+      along += v.strides[max(axes)] not in (0, 1)
+      across += v.strides[kept[-1]] not in (0, 1) if kept else 1
+  return along < across or (along == 0 and across == 0)
 
 
 def _broadcasts_back(v: View, shape: tuple[int, ...], axes: set[int]) -> bool:
@@ -83,9 +141,15 @@ def _broadcasts_back(v: View, shape: tuple[int, ...], axes: set[int]) -> bool:
               for d, (vs, st, s, w) in enumerate(zip(v.shape, v.strides, shape, want))))
 
 
+def _drops_unit_axes(v: View, shape: tuple[int, ...]) -> bool:
+  """v only adds or removes axes of size 1 (a reduction's result reshaped: var(1) of shape (n,), not (n, 1))."""
+  return v.is_contiguous and [s for s in v.shape if s != 1] == [s for s in shape if s != 1]
+
+
 def _reads_broadcast(reader: UOp, out_view: UOp, axes: set[int]) -> bool:
   """Every path from the reader's stores to `out_view` (the producer's result) goes through elementwise ops,
-  reductions over `axes` only, and at most a view that broadcasts it back along `axes`: so the reader asks for the
+  reductions over `axes` only, reshapes that only drop or add axes of size 1, and at most a view that broadcasts it
+  back along `axes`: so the reader asks for the
   result at its own output indices on the other axes, once per row."""
   holds: set[UOp] = set()
   for n in reader.toposort:
@@ -95,16 +159,10 @@ def _reads_broadcast(reader: UOp, out_view: UOp, axes: set[int]) -> bool:
     if n is out_view or n.op in (Ops.KERNEL, Ops.STORE) or n.op in GroupOp.Elementwise: continue
     if n.op is Ops.REDUCE_AXIS and set(n.arg[1]) <= axes: continue
     if n.op is Ops.VIEW and n.src[0] is out_view and _broadcasts_back(n.arg, shape, axes): continue
+    if n.op is Ops.VIEW and n.src[0] is not out_view and _drops_unit_axes(n.arg, shape_of(n.src[0])): continue
     return False
   # the stores write the reader's own buffers, in order: the output view must not itself be on the path
   return all(st.src[0] not in holds for st in reader.src)
-
-
-def _lowered(kernel: UOp) -> UOp:
-  """The kernel through the shared stages from views to symbolic, to look at its loops and loads."""
-  k = graph_rewrite(kernel, view_rules, name="gpu_fuse.views")
-  k = graph_rewrite(k, lower_rules, LowerContext(), name="gpu_fuse.lower", top_down=True)
-  return graph_rewrite(k, symbolic_rules, name="gpu_fuse.symbolic")
 
 
 def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
@@ -113,16 +171,14 @@ def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
     if p.op is not Ops.KERNEL or len(p.src) != 1: continue
     out_view, value = p.src[0].src
     buf = out_view.src[0]
-    if buf in ctx.outputs or (axes := _top_reduce_axes(value)) is None: continue
-    # only a reduction that a block would run well on its own (along rows in memory, not down columns)
-    if block_plan(_lowered(p)) is None: continue
+    if buf in ctx.outputs or not (reductions := _top_reductions(value)) or not walks_rows(reductions): continue
+    axes = set().union(*(r.arg[1] for r in reductions))
     readers = [i for i in range(pi + 1, len(kernels)) if buf in buffers_read(kernels[i])]
     if not readers or any(kernels[i].op is not Ops.KERNEL or kernels[i].arg != p.arg or
                           not _reads_broadcast(kernels[i], out_view, axes) for i in readers): continue
     # nothing run between the producer and its last reader may write what the producer reads
     if any(buffers_written(k) & buffers_read(p) for k in kernels[pi + 1:readers[-1]]): continue
-    inline = PatternMatcher([(UPat(Ops.VIEW, name="v"), lambda v: value if v is out_view else None)])
-    for i in readers: kernels[i] = graph_rewrite(kernels[i], inline, name="gpu_fuse.inline")
+    for i in readers: kernels[i] = substitute(kernels[i], {out_view: value}, name="gpu_fuse.inline")
     ctx.inlined.append(f"kernel {pi} (a reduction over axes {sorted(axes)}) inlined into kernel(s) {readers}: "
                        "they read it broadcast along the reduced axes")
     return schedule.replace(src=tuple(kernels[:pi] + kernels[pi + 1:]))
@@ -132,7 +188,131 @@ def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
 fuse_rules = PatternMatcher([(UPat(Ops.SINK, name="schedule"), inline_broadcast_reductions)], name="gpu_fuse")
 
 
-# ---------------------------------------------------------------- gpu (kernel scope)
+# ---------------------------------------------------------------- the grid plan (data)
+
+class GridKind(str, Enum):
+  BLOCK = "block"    # a row loop: its index comes from the block (and the thread's row in it); row loops merge row-major
+  THREAD = "thread"  # a loop spread over the `amount` lanes of its row: lane l takes l, l+amount, ...
+  ROWS = "rows"      # (axis -1) `amount` rows per block, each on its own lanes
+  UPCAST = "upcast"  # (axis -1) each thread takes `amount` rows, unrolled, rows_per_block apart (more loads in flight)
+  def __repr__(self): return self.value
+
+
+@dataclass(frozen=True)
+class GridOpt:
+  kind: GridKind
+  axis: int
+  amount: int = 0
+  def __repr__(self): return f"{self.kind.value}({self.axis}{f', {self.amount}' if self.amount else ''})"
+
+
+@dataclass(frozen=True)
+class GridPlan:
+  """How a kernel's loops map onto a grid of blocks of threads, and who chose it ("heuristic" or "given")."""
+  opts: tuple[GridOpt, ...]
+  origin: str = "given"
+  def axes(self, kind: GridKind) -> list[int]: return [o.axis for o in self.opts if o.kind is kind]
+  @property
+  def lanes(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.THREAD), default=1)
+  @property
+  def rows_per_block(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.ROWS), default=1)
+  @property
+  def rows_per_thread(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.UPCAST), default=1)
+  def __str__(self): return f"{' '.join(map(repr, self.opts)) or 'one thread'} [{self.origin}]"
+
+
+WHOLE_KERNEL = (GridKind.ROWS, GridKind.UPCAST)   # kinds about the rows as a whole: axis -1
+
+
+class InvalidGridPlan(ValueError):
+  """A grid plan that does not fit the kernel it was given to."""
+
+
+def kernel_loops(sink: UOp) -> list[UOp]:
+  """The kernel's loops in nesting order (output loops, then reduction loops): what a plan's axis numbers name."""
+  return sorted((n for n in sink.toposort if n.op is Ops.RANGE), key=nesting_key)
+
+
+def check_grid_plan(plan: GridPlan, loops: list[UOp]) -> None:
+  lanes, rows = plan.lanes, plan.rows_per_block
+  for o in plan.opts:
+    if o.kind is GridKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
+    if o.kind not in WHOLE_KERNEL and not 0 <= o.axis < len(loops): raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
+    if o.kind is GridKind.BLOCK and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop is a row")
+    if o.kind is GridKind.THREAD and o.amount != lanes: raise InvalidGridPlan(f"{o!r}: every spread loop has the row's {lanes} lanes")
+  if len({o.axis for o in plan.opts if o.kind not in WHOLE_KERNEL}) != sum(o.kind not in WHOLE_KERNEL for o in plan.opts):
+    raise InvalidGridPlan(f"{plan}: a loop is planned twice")
+  if (lanes * rows > MAX_THREADS or (lanes > WARP and rows > 1) or (lanes > 1 and (lanes * rows) % WARP) or
+      (lanes < WARP and lanes & (lanes - 1))):
+    raise InvalidGridPlan(f"{plan}: {lanes} lanes x {rows} rows is not a block (whole warps, at most {MAX_THREADS} "
+                          "threads; a row of up to a warp has a power of two of lanes, a longer one a block alone)")
+  outs = [i for i, r in enumerate(loops) if r.arg[0] == "out"]
+  if missing := set(outs) - {o.axis for o in plan.opts}: raise InvalidGridPlan(f"{plan}: output loops {sorted(missing)} are not planned")
+
+
+def row_lanes(n: int) -> int:
+  """Lanes for a row of n elements: a block of 128-1024 with at most UNROLL elements each (else LOOP_THREADS and a
+  loop) for a long row; for a short one the next power of two up to a warp (a warp's shuffles combine it)."""
+  if n < BLOCK_REDUCE_MIN: return min(WARP, 1 << (n - 1).bit_length())
+  for b in (128, 256, 512, 1024):
+    if cdiv(n, b) <= UNROLL: return b
+  return LOOP_THREADS
+
+
+def lane_access(idx: UOp, lane: UOp) -> str:
+  """How the threads of a warp, which differ in the loop index `lane`, read through the index `idx`: all one address
+  ("uniform"), consecutive addresses ("coalesced"), or anything else ("strided")."""
+  if lane not in idx.toposort: return "uniform"
+  coef = sum(k for t, k in terms_of(idx) if t is lane) if any(t is lane for t, _ in terms_of(idx)) else None
+  return "coalesced" if coef == 1 and not any(t is not lane and t is not None and lane in t.toposort
+                                              for t, _ in terms_of(idx)) else "strided"
+
+
+def _strided_loads(reductions: list[UOp], lane_of) -> int:
+  return sum(lane_access(n.src[0].src[1], lane_of(red)) == "strided"
+             for red in reductions for n in red.src[0].toposort if n.op is Ops.LOAD)
+
+
+def rows_per_thread(n: int, threads: int, multiprocessors: int) -> int:
+  """Rows a thread takes (unrolled) so that each has several loads in flight, while the grid still has
+  WAVES x multiprocessors x (RESIDENT_THREADS / threads) blocks: the whole GPU busy several times over."""
+  for e in (4, 2):
+    if cdiv(n, threads * e) >= WAVES * multiprocessors * (RESIDENT_THREADS // threads): return e
+  return 1
+
+
+def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
+  """The heuristic: lanes per row when the kernel has reductions computed once per output element (by ADD or MAX)
+  and one of: their rows are too few to fill the GPU with a thread each; a row's value is shared by several outputs
+  (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
+  more than along the innermost output axis (a row sum, not a matrix product). Else one thread per output element.
+  A long row whose rows are too few to fill the multiprocessors gets up to MAX_THREADS lanes."""
+  axis = {r: i for i, r in enumerate(loops)}
+  outs = [r for r in loops if r.arg[0] == "out"]
+  ranges = open_ranges(sink)
+  shared = [n for n in sink.toposort if n.op is Ops.REDUCE and ranges[n] <= set(outs) and n.arg in (Ops.ADD, Ops.MAX)
+            and size_of(n.src[1:]) > 0]   # an empty reduction is its identity: a loop that never runs
+  rows = sorted(set().union(*(ranges[r] for r in shared)), key=nesting_key) if shared else outs
+  if shared and (size_of(rows) < FEW_OUTPUTS or len(rows) < len(outs) or
+                 _strided_loads(shared, lambda red: red.src[-1]) < (_strided_loads(shared, lambda red: outs[-1]) if outs else 1)):
+    longest = max(size_of(red.src[1:]) for red in shared)
+    lanes = row_lanes(longest)
+    # few long rows: more lanes per row (at least an element each) until the rows fill the GPU's multiprocessors
+    while lanes >= BLOCK_REDUCE_MIN and lanes < MAX_THREADS and 2 * lanes <= longest and \
+        size_of(rows) * lanes < multiprocessors * RESIDENT_THREADS: lanes *= 2
+    per_block = 1 if lanes > WARP else ROW_GROUP_THREADS // lanes
+    per_block = max(min(per_block, 1 << (size_of(rows) - 1).bit_length()), WARP // lanes)
+    spread = [r for r in outs if r not in rows] + [r for red in shared for r in red.src[1:]]
+    return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in rows), *(GridOpt(GridKind.THREAD, axis[r], lanes) for r in spread),
+                     *((GridOpt(GridKind.ROWS, -1, per_block),) if per_block > 1 else ())), "heuristic")
+  n = size_of(outs)
+  per_block = FLAT_THREADS if n >= FLAT_THREADS else cdiv(n, WARP) * WARP
+  per_thread = rows_per_thread(n, per_block, multiprocessors)
+  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in outs), *((GridOpt(GridKind.ROWS, -1, per_block),) if outs else ()),
+                   *((GridOpt(GridKind.UPCAST, -1, per_thread),) if per_thread > 1 else ())), "heuristic")
+
+
+# ---------------------------------------------------------------- gpu (kernel scope): the plan, laid out once
 
 def special(name: str, size: int) -> UOp:
   """A thread or block index, or the constant 0 when there is only one."""
@@ -160,21 +340,96 @@ def split(flat: UOp, sizes: list[int]) -> list[UOp]:
   return out
 
 
-def substitute(u: UOp, mapping: dict[UOp, UOp], copy: tuple | None = None, top_down: bool = False) -> UOp:
-  """u with the RANGEs (or REDUCEs) of `mapping` replaced. With `copy` (a tag unique to this copy of u, when u is
-  copied once per unrolled step), a reduction whose value changes gets loops of its own, tagged: two reductions may
-  never share a loop (each loop accumulates one), and one unchanged stays shared (computed once for all copies)."""
-  if not mapping: return u
-  original = set(u.toposort) if copy is not None else ()
-  def replace(x: UOp) -> UOp | None:
-    if (y := mapping.get(x)) is not None: return y
-    if copy is None or x.op is not Ops.REDUCE or x in original or any(r.arg[-1] == copy for r in x.src[1:]): return None
-    own = x.src[1:]
-    fresh = [r.replace(arg=r.arg + (copy,)) for r in own]
-    return UOp(Ops.REDUCE, x.dtype, (substitute(x.src[0], dict(zip(own, fresh)), copy), *fresh), x.arg)
-  return graph_rewrite(u, PatternMatcher([(UPat((Ops.RANGE, Ops.REDUCE), name="x"), replace)]),
-                       name="gpu.substitute", top_down=top_down)
+def clamped(i: UOp, n: int, guard: UOp | None) -> UOp: return i if guard is None else guard.where(i, n - 1)
 
+
+def both(a: UOp | None, b: UOp | None) -> UOp | None: return a if b is None else b if a is None else a & b
+
+
+@dataclass(frozen=True)
+class Spread:
+  """Loops of n elements (merged row-major) spread over the lanes of a row: lane takes trip*lanes + lane for each
+  of its trips; `trip` is the per-lane loop (None for one trip), unrolled when `unrolled`; `guard` (in the trip and
+  lane) is False past the end, where the index is clamped."""
+  n: int
+  lanes: int
+  trip: UOp | None
+  unrolled: bool
+  guard: UOp | None
+
+  def copies(self, u: UOp) -> list[tuple[UOp, UOp | None]]:
+    """(u, guard) per trip when unrolled, with the trip index made a constant; else u and its guard once."""
+    if self.trip is None or not self.unrolled: return [(u, self.guard)]
+    out = []
+    for c in range(self.trip.src[0].arg):
+      at = {self.trip: UOp.const(dtypes.index, c)}
+      out.append((substitute(u, at, "gpu.unroll"), None if self.guard is None else substitute(self.guard, at, "gpu.unroll")))
+    return out
+
+
+@dataclass
+class GridContext:
+  """What the gpu stages share for one kernel: the plan and, laid out from it once, the index of each planned loop."""
+  choose: Callable[[UOp, list[UOp]], GridPlan] | None = None   # the policy (default: grid_plan)
+  multiprocessors: int = MULTIPROCESSORS                        # the device's SM count (runtime/cuda.py asks the driver)
+  plan: GridPlan | None = None
+  index: dict[UOp, UOp] = field(default_factory=dict)          # planned RANGE -> its index in SPECIALs and trips
+  spreads: dict[tuple[UOp, ...], Spread] = field(default_factory=dict)  # a reduction's new range sources -> its spread
+  columns: Spread | None = None                                 # the spread of the output loops that are not rows
+  rows: Spread | None = None                                    # a thread's rows, when it takes several
+  gate: UOp | None = None                                       # where a store may write
+
+
+def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
+  plan = ctx.plan
+  lanes, per_block, per_thread = plan.lanes, plan.rows_per_block, plan.rows_per_thread
+  rows = [loops[a] for a in plan.axes(GridKind.BLOCK)]
+  nrows = size_of(rows)
+  blocks = cdiv(nrows, per_block * per_thread)
+  (gidx, in_grid), lidx = grid(blocks), special("lidx0", per_block * lanes)
+  lane = lidx if per_block == 1 else lidx % lanes
+  # a thread's rows are per_block apart: consecutive threads still take consecutive rows
+  trip = None if per_thread == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, per_thread),), ("out", -1, "rows"))
+  first = gidx if trip is None else gidx * per_thread + trip
+  row = first if per_block == 1 else first * per_block + lidx // lanes
+  # a block past the end (of a grid-stride loop's last turn) has rows past the end too
+  row_guard = row < nrows if nrows % (per_block * per_thread) or in_grid is not None else None
+  if trip is not None: ctx.rows = Spread(nrows, per_block, trip, True, row_guard)
+  ctx.index = dict(zip(rows, split(clamped(row, nrows, row_guard), [r.src[0].arg for r in rows])))
+  spread = {loops[a] for a in plan.axes(GridKind.THREAD)}
+  owned = [red.src[1:] for red in sink.toposort if red.op is Ops.REDUCE and set(red.src[1:]) <= spread]
+  columns = tuple(r for r in loops if r in spread and r.arg[0] == "out")
+  if set(spread) - set(columns) - {r for g in owned for r in g}: raise InvalidGridPlan(f"{plan}: a spread loop is part of no reduction")
+  for group in dict.fromkeys([columns, *owned]):
+    if not group: continue
+    n = size_of(group)
+    trips = cdiv(n, lanes)
+    trip = None if trips == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, trips),), group[0].arg[:2] + ("lanes",))
+    f = lane if trip is None else trip * lanes + lane
+    guard = f < n if n % lanes else None
+    ctx.index.update(zip(group, split(clamped(f, n, guard), [r.src[0].arg for r in group])))
+    s = Spread(n, lanes, trip, trips <= UNROLL, guard)
+    if group is columns: ctx.columns = s
+    else: ctx.spreads[tuple(ctx.index[r] for r in group)] = s
+  # a row with no columns has one value per row: the first lane writes it
+  ctx.gate = both(row_guard, lane < 1 if lanes > 1 and not columns else None)
+
+
+def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
+  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
+  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
+  loops = kernel_loops(sink)
+  plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops, ctx.multiprocessors)
+  check_grid_plan(plan, loops)
+  ctx.plan = plan
+  lay_out(ctx, sink, loops)
+  return sink.replace(arg=plan)
+
+
+grid_plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_grid_plan)], name="gpu")
+
+
+# ---------------------------------------------------------------- gpu_grid (kernel scope): the plan carried out
 
 def identity(red: UOp) -> UOp:
   return UOp.const(red.dtype, 0 if red.arg is Ops.ADD else dtypes.min(red.dtype))
@@ -188,129 +443,37 @@ def combine(op: Ops, parts: list[UOp]) -> UOp:
   return parts[0]
 
 
-class ThreadLoop:
-  """n elements spread over the `threads` threads of a block: thread lidx takes lidx, lidx+threads, ...
-  Unrolled (one index per trip) when short, else a loop `RANGE(trips)`."""
-  def __init__(self, n: int, threads: int, lidx: UOp, range_arg):
-    self.n, self.threads, self.trips = n, threads, -(-n // threads)
-    self.loop = None if self.trips <= UNROLL else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, self.trips),), range_arg)
-    self.lidx = lidx
-
-  def steps(self) -> list[tuple[UOp, UOp | None]]:
-    """(element index, guard or None) per unrolled trip, or the one step of the loop; the index is clamped in bounds."""
-    out = []
-    for c in ([None] if self.loop is not None else range(self.trips)):
-      base = self.loop * self.threads if c is None else UOp.const(dtypes.index, c * self.threads)
-      f = self.lidx if c == 0 else base + self.lidx
-      last = self.n % self.threads != 0 and (c is None or c == self.trips - 1)
-      guard = f < self.n if last else None
-      out.append((guard.where(f, self.n - 1) if guard is not None else f, guard))
-    return out
+def loop_to_grid_index(ctx: GridContext, r: UOp) -> UOp | None: return ctx.index.get(r)
 
 
-def lane_access(idx: UOp, lane: UOp) -> str:
-  """How the threads of a warp, which differ in the loop index `lane`, read through the index `idx`: all one address
-  ("uniform"), consecutive addresses ("coalesced"), or anything else ("strided")."""
-  if lane not in idx.toposort: return "uniform"
-  coef = sum(k for t, k in terms_of(idx) if t is lane) if any(t is lane for t, _ in terms_of(idx)) else None
-  return "coalesced" if coef == 1 and not any(t is not lane and t is not None and lane in t.toposort
-                                              for t, _ in terms_of(idx)) else "strided"
+def reduce_over_lanes(ctx: GridContext, red: UOp) -> UOp | None:
+  """A reduction over spread loops: each lane's partial over its trips, then the row's lanes combined."""
+  if (s := ctx.spreads.get(red.src[1:])) is None: return None
+  parts = [v if g is None else g.where(v, identity(red)) for v, g in s.copies(red.src[0])]
+  partial = combine(red.arg, parts) if s.trip is None or s.unrolled else UOp(Ops.REDUCE, red.dtype, (parts[0], s.trip), red.arg)
+  return UOp(Ops.BARRIER, red.dtype, (partial,), (red.arg, s.lanes))
 
 
-def _strided_loads(reductions: list[UOp], lane_of) -> int:
-  return sum(lane_access(n.src[0].src[1], lane_of(red)) == "strided"
-             for red in reductions for n in red.src[0].toposort if n.op is Ops.LOAD)
+def gate_store(ctx: GridContext, st: UOp) -> UOp | None:
+  gate = both(ctx.gate, ctx.columns.guard if ctx.columns is not None else None)
+  return None if gate is None else st.replace(src=(*st.src, gate))
 
 
-def block_plan(sink: UOp) -> tuple[list[UOp], list[UOp], list[UOp]] | None:
-  """(output loops, the reductions the block shares, the row loops: those they depend on) when the kernel runs one
-  block per row, or None when it runs one thread per output element. A block per row when there are long reductions
-  (computed once per output element, of at least BLOCK_REDUCE_MIN elements, by ADD or MAX) and one of:
-  - their rows are too few to fill the GPU with a thread each;
-  - a row's value is shared by several outputs (a fused softmax): one thread per output would recompute it;
-  - the loads in them walk memory along the reduced axis more than along the innermost output axis (a row sum, not
-    a matrix product): so that consecutive threads read consecutive addresses."""
-  nodes = sink.toposort
-  ranges = open_ranges(sink)
-  outs = sorted({n for n in nodes if n.op is Ops.RANGE and n.arg[0] == "out"}, key=nesting_key)
-  size = lambda rs: math.prod(r.src[0].arg for r in rs)
-  shared = [n for n in nodes if n.op is Ops.REDUCE and ranges[n] <= set(outs) and n.arg in (Ops.ADD, Ops.MAX)
-            and size(n.src[1:]) >= BLOCK_REDUCE_MIN]
-  if not shared: return None
-  rows = sorted(set().union(*(ranges[r] for r in shared)), key=nesting_key)
-  if (size(rows) < FEW_OUTPUTS or len(rows) < len(outs) or
-      _strided_loads(shared, lambda red: red.src[-1]) < (_strided_loads(shared, lambda red: outs[-1]) if outs else 1)):
-    return outs, shared, rows
-  return None
+def unroll_stores(ctx: GridContext, sink: UOp) -> UOp | None:
+  """Each store over a thread's unrolled rows or column trips becomes one store per trip."""
+  stores = list(sink.src)
+  for s in (ctx.rows, ctx.columns):
+    if s is None or s.trip is None or not s.unrolled or not any(s.trip in st.toposort for st in stores): continue
+    stores = [c for st in stores for c, _ in s.copies(st)]
+  return None if stores == list(sink.src) else sink.replace(src=tuple(stores))
 
 
-def block_threads(n: int) -> int:
-  for b in (128, 256, 512, 1024):
-    if -(-n // b) <= UNROLL: return b
-  return LOOP_THREADS
-
-
-def _gate(st: UOp, gate: UOp | None) -> UOp:
-  if gate is None: return st
-  return UOp(Ops.STORE, st.dtype, (*st.src[:2], gate if len(st.src) < 3 else st.src[2] & gate))
-
-
-def map_flat(sink: UOp, outs: list[UOp]) -> UOp:
-  sizes = [r.src[0].arg for r in outs]
-  n = math.prod(sizes)
-  threads = FLAT_THREADS if n >= FLAT_THREADS else -(-n // 32) * 32
-  blocks = -(-n // threads)
-  (gidx, in_grid), lidx = grid(blocks), special("lidx0", threads)
-  flat = lidx if blocks == 1 else gidx * threads + lidx
-  guard = flat < n if n % threads or in_grid is not None else None
-  idx = guard.where(flat, n - 1) if guard is not None else flat
-  stores = [_gate(st, guard) for st in sink.src]
-  return substitute(sink.replace(src=tuple(stores)), dict(zip(outs, split(idx, sizes))))
-
-
-def map_block(sink: UOp, outs: list[UOp], top: list[UOp], rows: list[UOp]) -> UOp:
-  """One block per row: the reductions `top` shared by its threads, the row's other outputs spread over them."""
-  cols = [r for r in outs if r not in rows]
-  longest = max(math.prod(r.src[0].arg for r in red.src[1:]) for red in top)
-  threads = block_threads(longest)
-  nrows = math.prod(r.src[0].arg for r in rows)
-  assert threads <= MAX_THREADS
-  (gidx, in_grid), lidx = grid(nrows), special("lidx0", threads)
-  row = gidx if in_grid is None else in_grid.where(gidx, nrows - 1)  # a block past the end reads the last row
-  replace: dict[UOp, UOp] = dict(zip(rows, split(row, [r.src[0].arg for r in rows])))
-  # each reduction: a partial value per thread, then the block's combine
-  for i, red in enumerate(top):
-    rr = list(red.src[1:])
-    sizes = [r.src[0].arg for r in rr]
-    tl = ThreadLoop(math.prod(sizes), threads, lidx, rr[0].arg)
-    parts = []
-    for c, (f, guard) in enumerate(tl.steps()):
-      v = substitute(red.src[0], dict(zip(rr, split(f, sizes))), ("part", i, c))
-      parts.append(v if guard is None else guard.where(v, identity(red)))
-    partial = combine(red.arg, parts) if tl.loop is None else UOp(Ops.REDUCE, red.dtype, (parts[0], tl.loop), red.arg)
-    replace[red] = UOp(Ops.BARRIER, red.dtype, (partial,), red.arg)
-  # the stores: spread the row's other output elements over the threads; a store of the row's one value by thread 0
-  stores = []
-  csizes = [r.src[0].arg for r in cols]
-  if not cols: stores = [_gate(st, lidx < 1) for st in sink.src]
-  else:
-    tl = ThreadLoop(math.prod(csizes), threads, lidx, ("out", len(outs), "thread"))
-    for c, (f, guard) in enumerate(tl.steps()):
-      sub = dict(zip(cols, split(f, csizes)))
-      stores += [_gate(substitute(st, sub, ("col", c)), guard) for st in sink.src]
-  stores = [_gate(st, in_grid) for st in stores]  # and writes nothing
-  return substitute(sink.replace(src=tuple(stores)), replace, top_down=True)
-
-
-def map_to_grid(sink: UOp) -> UOp | None:
-  if sink.arg == "linear": return None
-  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
-  if (plan := block_plan(sink)) is not None: return map_block(sink, *plan)
-  outs = sorted({n for n in sink.toposort if n.op is Ops.RANGE and n.arg[0] == "out"}, key=nesting_key)
-  return map_flat(sink, outs) if outs else None   # no loops: one output element, computed by one thread
-
-
-gpu_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), map_to_grid)], name="gpu")
+grid_rules = PatternMatcher([
+  (UPat(Ops.RANGE, name="r"), loop_to_grid_index),
+  (UPat(Ops.REDUCE, name="red"), reduce_over_lanes),
+  (UPat(Ops.STORE, name="st", src=(UPat(), UPat())), gate_store),
+  (UPat(Ops.SINK, name="sink"), unroll_stores),
+], name="gpu_grid")
 
 
 # ---------------------------------------------------------------- gpu_index
@@ -331,8 +494,14 @@ def fold_div_mod_pairs(u: UOp) -> UOp | None:
   return None
 
 
+def drop_gate_that_always_holds(st: UOp) -> UOp:
+  """A store whose gate the bounds decided (an unrolled trip that is never past the end) is not gated."""
+  return st.replace(src=st.src[:2])
+
+
 gpu_index_rules = symbolic_rules + PatternMatcher([
   (UPat(Ops.ADD, dtype=tuple(d for d in dtypes.all() if d.is_int), name="u"), fold_div_mod_pairs),
+  (UPat(Ops.STORE, name="st", src=(UPat(), UPat(), UPat.const(dtypes.bool, True))), drop_gate_that_always_holds),
 ], name="gpu_index")
 
 

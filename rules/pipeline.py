@@ -15,7 +15,7 @@ from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
 from .linearize import opt_rules, linearize_rules, OptContext
-from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
+from .gpu import fuse_rules, FuseContext, grid_plan_rules, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, HostContext
 
@@ -41,6 +41,7 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
+  grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
   host: HostContext | None = None  # set by the runtime before the host stages run
 
 
@@ -57,6 +58,12 @@ def _group_ctx(run: Run) -> GroupDecisions:
 def _fuse_ctx(run: Run) -> FuseContext:
   run.fuse = FuseContext(set(run.outputs))
   return run.fuse
+
+
+def _grid_ctx(run: Run) -> GridContext:
+  # a fresh context per kernel; what a caller preset (a policy, the device's SM count) is kept
+  run.grid = GridContext() if run.grid is None else GridContext(choose=run.grid.choose, multiprocessors=run.grid.multiprocessors)
+  return run.grid
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
@@ -127,7 +134,8 @@ pipeline = Pipeline([
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
-  Stage("gpu", gpu_rules, "kernel", applies=_on_device_loops),
+  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops),
+  Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
   Stage("index_width", index_width_rules, "kernel"),

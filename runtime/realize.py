@@ -21,7 +21,7 @@ from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.host import HostContext
 from rules.view import View
-from rules.gpu import launch_dims
+from rules.gpu import launch_dims, GridContext
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
@@ -66,10 +66,19 @@ _by_name: dict[tuple[str, str, int], CompiledKernel] = {}
 MAX_KERNELS = 4096
 
 
+def _multiprocessors(device: str, device_loops: bool) -> int | None:
+  """The SM count the grid plan sizes grids by (a CUDA device asks its driver), or None (the plan's default) where
+  the device cannot start: sources for a GPU render on a machine without one (Tensor.kernel_sources)."""
+  if not device_loops: return None
+  try: return getattr(get_device(device), "multiprocessor_count", None)
+  except RuntimeError: return None   # CUDAUnavailable: no driver here
+
+
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
+  if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
     with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
   else: linear = lower_kernel(norm, run)

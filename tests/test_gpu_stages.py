@@ -1,14 +1,17 @@
 """The GPU stages (rules/gpu.py) compute the right values, checked without a GPU: kernels lowered for a device whose
 loops are its threads run in a small numpy model of a CUDA grid (every thread of every block at once, as arrays over
-(block, thread); loops are uniform across threads; a BARRIER combines over the threads of a block), and must give
-what numpy gives. Covers one thread per element and one block per row, sizes that do not divide (gated stores,
-clamped indices), unrolled and looped thread loops, fused softmax and layer norm, and the launch limits."""
-import math
+(block, thread); loops are uniform across threads; a BARRIER combines over the lanes of a row: that many consecutive
+threads of a block), and must give what numpy gives. Covers one thread per element (and several per thread), a block
+of lanes per long row, a warp or less per short row with several rows a block, sizes that do not divide (gated
+stores, clamped indices), unrolled and looped per-lane trips, fused softmax, log_softmax, layer norm and variance,
+grid plans as data (the heuristic's, a given one, bad ones refused), and the launch limits."""
 import numpy as np
 import pytest
 
-from rewrite import Ops, dtypes
-from rules.gpu import MAX_THREADS, launch_dims
+from rewrite import Ops, UOp, dtypes
+from rewrite.graph_rewrite import RuleError
+from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
+                       InvalidGridPlan)
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import NewBuffer, normalize
 from tensor import Tensor
@@ -67,15 +70,18 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
         val[red] = ALU[red.arg](val[red], v(red.src[0])).astype(red.dtype.np)
       elif u.op is Ops.REDUCE: pass  # its value is its accumulator
       elif u.op is Ops.BARRIER:
-        x = np.broadcast_to(v(u.src[0]), shape)
-        val[u] = (x.sum(1, keepdims=True, dtype=x.dtype) if u.arg is Ops.ADD else x.max(1, keepdims=True)).astype(u.dtype.np)
+        (op, lanes), x = u.arg, np.broadcast_to(v(u.src[0]), shape)
+        rows = x.reshape(shape[0], -1, lanes)   # each row's lanes are `lanes` consecutive threads
+        got = rows.sum(2, keepdims=True, dtype=x.dtype) if op is Ops.ADD else rows.max(2, keepdims=True)
+        val[u] = np.broadcast_to(got, rows.shape).reshape(shape).astype(u.dtype.np)
       elif u.op is Ops.CAST: val[u] = np.asarray(v(u.src[0])).astype(u.dtype.np)
       else: val[u] = np.asarray(ALU[u.op](*[v(s) for s in u.src])).astype(u.dtype.np)
       pc += 1
 
 
-def run_on_model_gpu(*tensors: Tensor) -> list[np.ndarray]:
-  """The tensors computed through the GPU stages, in the model grid; inputs come from their CPU buffers."""
+def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS) -> list[np.ndarray]:
+  """The tensors computed through the GPU stages for a GPU of `multiprocessors` SMs, in the model grid; inputs come
+  from their CPU buffers."""
   run = Run("CPU", parallel=False, device_loops=True)
   kernels, realized = schedule([t.uop for t in tensors], ["CPU"] * len(tensors), run)
   arrays: dict = {}
@@ -85,7 +91,7 @@ def run_on_model_gpu(*tensors: Tensor) -> list[np.ndarray]:
   for k in kernels:
     assert k.op is Ops.KERNEL
     norm, bufs = normalize(k)
-    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True))
+    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors)))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
     run_grid(linear, {i: array_of(b) for i, b in enumerate(bufs)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
@@ -99,7 +105,11 @@ def softmax(x, axis=-1):
   return e / e.sum(axis, keepdims=True)
 
 
-@pytest.mark.parametrize("shape", [(64, 2048), (5, 300), (3, 130), (2, 40000), (300, 7), (1, 1)])
+ROW_SHAPES = [(64, 2048), (5, 300), (3, 130), (2, 40000), (300, 7), (1, 1), (32, 48), (17, 1), (1, 33), (100, 127),
+              (2, 128), (33, 31), (1000, 3), (7, 2), (9, 64)]
+
+
+@pytest.mark.parametrize("shape", ROW_SHAPES)
 def test_row_reductions_softmax_layernorm(shape):
   x = T(*shape)
   xn = x.numpy()
@@ -109,12 +119,105 @@ def test_row_reductions_softmax_layernorm(shape):
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_each_row_normalization_alone_is_one_kernel_and_right(shape):
+  # alone, each program is one kernel on a GPU: the row reductions run in the lanes that write the row
+  x = T(*shape)
+  xn = x.numpy().astype(np.float64)
+  ddof = 1 if shape[1] > 1 else 0
+  programs = [(x.softmax(1), softmax(xn, 1)), (x.log_softmax(1), np.log(softmax(xn, 1))),
+              (x.var(1, correction=ddof), xn.var(1, ddof=ddof)),
+              (x - x.mean(1, keepdim=True), xn - xn.mean(1, keepdims=True)),
+              ((x - x.max(1, keepdim=True)).exp().sum(1), np.exp(xn - xn.max(1, keepdims=True)).sum(1))]
+  for t, want in programs:
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    assert len(kernels) == 1
+    np.testing.assert_allclose(run_on_model_gpu(t)[0], want, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (300, 7), (3, 1000)])
+def test_row_reductions_of_other_dtypes(shape):
+  # half, int and bool rows combine in a wider type across lanes (renderers/cuda.py) and come back exact
+  x = T(*shape)
+  xn = x.numpy()
+  got = run_on_model_gpu(x.half().max(1), (x * 4).int().sum(1), (x > 1).any(1), (x > -3).all(1))
+  want = [xn.astype(np.float16).max(1), (xn * 4).astype(np.int32).sum(1), (xn > 1).any(1), (xn > -3).all(1)]
+  for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
+
+
+def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors))
+  lower_kernel(normalize(kernels[0])[0], run)
+  return run.grid.plan
+
+
+def test_grid_plans_are_data_the_heuristic_chooses():
+  # one thread per element: every output loop a row, FLAT_THREADS rows a block
+  assert str(plan_of(T(32, 48) + 1)) == f"block(0) block(1) rows(-1, {FLAT_THREADS}) [heuristic]"
+  # a short row: a warp of lanes per row (loops 1: the columns, 2 and 3: the max and the sum), 4 rows a block
+  assert str(plan_of(T(32, 48).softmax(1))) == "block(0) thread(1, 32) thread(3, 32) thread(2, 32) rows(-1, 4) [heuristic]"
+  # rows of 7: 8 lanes each, 16 rows a block; a long row: a block of lanes, 16 elements or fewer each
+  assert plan_of(T(300, 7).sum(1)).lanes == 8 and plan_of(T(300, 7).sum(1)).rows_per_block == 16
+  assert plan_of(T(64, 4096).sum(1), multiprocessors=1).lanes == 256 and plan_of(T(4, 4096).sum(1)).rows_per_block == 1
+  # ... and more lanes where the rows would not fill the multiprocessors (2048 threads each) otherwise
+  assert plan_of(T(4, 4096).sum(1), multiprocessors=1).lanes == 512 and plan_of(T(4, 4096).sum(1)).lanes == 1024
+
+
+def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
+  x = T(8, 40)
+  kernels, _ = schedule([x.sum(1).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  norm, bufs = normalize(kernels[0])
+  mine = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64)))
+  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: mine))
+  linear = lower_kernel(norm, run)
+  assert launch_dims(linear) == ((8, 1, 1), (64, 1, 1))
+  out = np.zeros(8, np.float32)
+  run_grid(linear, {0: out, 1: bufs[1].arg.numpy()})
+  np.testing.assert_allclose(out, x.numpy().sum(1), rtol=1e-5)
+  bad = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64), GridOpt(GridKind.ROWS, -1, 2)))
+  odd_lanes = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 24), GridOpt(GridKind.ROWS, -1, 4)))
+  for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (GridPlan(()), "not planned")):
+    with pytest.raises(RuleError, match=why) as err:
+      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: plan)))
+    assert isinstance(err.value.__cause__, InvalidGridPlan)
+
+
+def test_the_grid_stages_carry_on_from_a_users_stage_before_them():
+  # the plan is made from the kernel as the stages before it left it (no stage is re-run privately): a user's rule
+  # set inserted before the gpu stage, here doubling every stored value, is in what the grid runs
+  from rewrite import UPat, PatternMatcher
+  from rules.pipeline import pipeline
+  def store_twice_the_value(i, v):
+    return None if v.op is Ops.MUL and v.src[1].op is Ops.CONST and v.src[1].arg == 2.0 else UOp(Ops.STORE, dtypes.void, (i, v * 2.0))
+  mine = PatternMatcher([(UPat(Ops.STORE, src=(UPat.var("i"), UPat.var("v"))), store_twice_the_value)], name="double_stores")
+  x = T(32, 48)
+  pipeline.insert("gpu", mine, where="before")
+  try: got = run_on_model_gpu(x.softmax(1))[0]
+  finally: pipeline.remove("double_stores")
+  np.testing.assert_allclose(got, 2 * softmax(x.numpy(), 1), rtol=2e-4, atol=2e-4)
+
+
 def test_elementwise_views_and_odd_sizes():
   x, y = T(33, 45), T(45)
   xn, yn = x.numpy(), y.numpy()
   got = run_on_model_gpu(((x * y + 1).exp() - x).relu(), x.T.flip(0)[3:40:2] * 2, x.pad(((1, 2), (0, 1))))
   want = [np.maximum(np.exp(xn * yn + 1) - xn, 0), xn.T[::-1][3:40:2] * 2, np.pad(xn, ((1, 2), (0, 1)))]
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, rows_per_thread", [((200, 300), 4), ((129, 200), 2), ((3, 5), 1)])
+def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, rows_per_thread):
+  # on a GPU of one multiprocessor a small grid fills it: each thread takes 2 or 4 elements, FLAT_THREADS apart
+  x, y = T(*shape), T(shape[1])
+  t = ((x * y + 1).exp() - x).relu()
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=1))
+  lower_kernel(normalize(kernels[0])[0], run)
+  assert run.grid.plan.rows_per_thread == rows_per_thread
+  got = run_on_model_gpu(t, x.sum(1), multiprocessors=1)
+  np.testing.assert_allclose(got[0], np.maximum(np.exp(x.numpy() * y.numpy() + 1) - x.numpy(), 0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got[1], x.numpy().sum(1), rtol=2e-4, atol=2e-4)
 
 
 def test_matmul_conv_and_attention():

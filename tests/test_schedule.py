@@ -1,5 +1,11 @@
 """How many kernels a program becomes, and why: the realize stage's decisions, seen from the Tensor API."""
+import math
 import numpy as np
+import pytest
+from rewrite import UOp, Ops, dtypes
+from rules.pipeline import Run, schedule
+from rules.view import View
+from runtime.buffer import Buffer
 from tensor import Tensor
 from runtime.realize import build_program
 
@@ -19,10 +25,45 @@ def test_row_sum_is_one_kernel(): assert kernels_of(x.sum(axis=1)) == 1
 def test_reduction_fuses_with_elementwise_before_and_after(): assert kernels_of((x * y).sum(axis=1).sqrt() * 2) == 1
 def test_matmul_is_one_kernel(): assert kernels_of(x @ w) == 1
 # at most 3 (the requirement); exactly: on the CPU two row reductions (max, sum / mean, variance) and the output, on
-# CUDA one kernel (the gpu_fuse stage keeps the row's reductions in the block that writes it)
-ROW_NORMALIZE_KERNELS = 1 if x.device == "CUDA" else 3
+# CUDA one kernel for any row length (the gpu_fuse stage keeps the row's reductions with the lanes that write it)
+ROW_NORMALIZE_KERNELS_ON = {"CPU": 3, "CUDA": 1}
+ROW_NORMALIZE_KERNELS = ROW_NORMALIZE_KERNELS_ON[x.device]
 def test_softmax_is_at_most_three_kernels(): assert kernels_of(x.softmax(axis=-1)) == ROW_NORMALIZE_KERNELS
 def test_layernorm_is_at_most_three_kernels(): assert kernels_of(x.layernorm()) == ROW_NORMALIZE_KERNELS
+
+
+def unallocated_cuda_tensor(*shape: int) -> Tensor:
+  """A float32 tensor on CUDA whose memory is never allocated: enough to schedule for CUDA without a GPU."""
+  buf = UOp(Ops.BUFFER, dtypes.float32, (), Buffer("CUDA", math.prod(shape), dtypes.float32))
+  return Tensor._from_uop(UOp(Ops.VIEW, dtypes.float32, (buf,), View.contiguous(shape)), shape, "CUDA")
+
+
+def cuda_kernels_of(t: Tensor) -> int:
+  kernels, _ = schedule([t.uop], ["CUDA"], Run("CUDA", parallel=False, device_loops=True))
+  return len(kernels)
+
+
+ROW_NORMALIZATIONS = {"softmax": lambda t: t.softmax(axis=-1), "log_softmax": lambda t: t.log_softmax(axis=-1),
+                      "layernorm": lambda t: t.layernorm(), "var": lambda t: t.var(axis=1),
+                      "centered": lambda t: t - t.mean(axis=1, keepdim=True)}
+
+
+@pytest.mark.parametrize("name", ROW_NORMALIZATIONS)
+@pytest.mark.parametrize("shape", [(32, 48), (300, 7), (64, 2048), (4, 100000)])
+def test_row_normalizations_are_one_kernel_on_cuda_for_any_row_length(name, shape):
+  assert cuda_kernels_of(ROW_NORMALIZATIONS[name](unallocated_cuda_tensor(*shape))) == ROW_NORMALIZE_KERNELS_ON["CUDA"]
+
+
+def test_attention_is_scores_probabilities_and_product_on_cuda():
+  # the softmax's max and sum run in the kernel that writes the probabilities (the scores are a realized buffer,
+  # read through a reshape of it); the N x N scores stay in memory until a fused attention exists (issue 10)
+  q = unallocated_cuda_tensor(4, 128, 64)
+  assert cuda_kernels_of((q @ q.transpose(-1, -2) * 0.125).softmax(-1) @ q) == 3
+
+
+def test_column_normalization_stays_three_kernels_on_cuda():
+  # a column reduction's reads walk down columns: a row's lanes would not read consecutive addresses
+  assert cuda_kernels_of(unallocated_cuda_tensor(32, 48).softmax(axis=0)) == 3
 
 
 def test_conv2d_is_one_kernel():

@@ -6,12 +6,13 @@ representative Tensor programs of its own, so that it means something when run a
 with the GPU's schedule stage too (`gpu_fuse`), without a GPU. It needs nvcc, not a GPU: skipped with the reason
 where nvcc is absent (`pytest -rs` shows it).
 """
+import itertools
 import math
 import numpy as np
 import pytest
 
 from rewrite import Ops
-from rules.gpu import MAX_GRID, MAX_THREADS, launch_dims
+from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, GridContext, launch_dims
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 from runtime import cuda
@@ -33,9 +34,10 @@ def programs():
   x, y, odd, big = t(32, 48), t(32, 48), t(7, 37), t(3, 5000)
   img, w = t(2, 3, 9, 9), t(4, 3, 3, 3)
   return [
-    [((x * y + 1).exp() - x).relu(), x.sin() / y.sqrt().abs(), (x < y).where(x, y), x.maximum(y).clip(-1, 1)],
+    [((x * y + 1).exp() - x).relu(), x.sin() / y.sqrt().abs(), (x < y).where(x, y), x.maximum(y).clip(-1, 1), t(129, 200) * 2],
     [x.sum(1), x.sum(0), x.sum(), x.max(1), x.min(0), x.mean(), x.var(1), x.argmax(1), odd.sum(1), big.sum(1)],
     [x.softmax(1), x.log_softmax(0), x.layernorm(), big.softmax(1), odd.layernorm(), big.layernorm()],
+    [x.log_softmax(1), odd.softmax(1), t(300, 7).var(1), t(5, 3).layernorm(), x - x.mean(1, keepdim=True)],
     [x @ y.T, x[::2, 3:40:3].flip(0).pad(((1, 2), (0, 1))), x.reshape(48, 32).permute(1, 0).contiguous() * 2],
     [img.conv2d(w, padding=1), img.max_pool2d(2), img.avg_pool2d(3)],
     [(att := t(2, 130, 16)) @ att.transpose(-1, -2) / 4, ((att @ att.transpose(-1, -2)).softmax(-1) @ att)],
@@ -58,13 +60,15 @@ def test_every_kernel_compiles_for_cuda(tmp_path):
   session = len(kernels)
   for group in programs(): kernels += gpu_kernels_of(group)
   bodies: dict[str, None] = {}
-  for norm in kernels:
-    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True))
+  # each kernel planned for the default GPU and for one of a single multiprocessor, where a thread takes several
+  # elements of even a small kernel
+  for norm, sms in itertools.product(kernels, (MULTIPROCESSORS, 1)):
+    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True, grid=GridContext(multiprocessors=sms)))
     dims = launch_dims(linear)
     if dims is not None:
       (blocks, *_), (threads, *_) = dims
       assert 1 <= threads <= MAX_THREADS and 1 <= blocks <= MAX_GRID, (dims, norm)
-      if any(u.op is Ops.BARRIER for u in linear.src): assert threads % 32 == 0, "a block combine needs whole warps"
+      if any(u.op is Ops.BARRIER for u in linear.src): assert threads % 32 == 0, "a row combine needs whole warps"
     bodies.setdefault(renderer.render("KERNEL_NAME", linear), None)
   names = [f"k{i}" for i in range(len(bodies))]
   source = renderer.source([b.replace("KERNEL_NAME", n) for b, n in zip(bodies, names)])
