@@ -17,7 +17,7 @@ AArch64), so a buffer handle is a plain Python int and a call converts nothing (
 per argument here).
 
 Loaded libraries are capped (`MAX_LIBRARIES`, or $GRAFT_MAX_LIBRARIES): a long-running program that meets ever new
-shapes would otherwise keep every library it ever built mapped (about 70 KB of memory and 5 memory maps each).
+shapes would otherwise keep every library it ever built mapped (about 30 KB of memory and 5 memory maps each).
 Loading one more than the cap unloads (dlclose) the least recently built or loaded one. A program of an unloaded
 library stays valid: its function becomes None, and its next call, failing on that, loads the library again from the
 cache (rebuilding it if the cache lost it), so a call that finds its library loaded pays nothing for the cap.

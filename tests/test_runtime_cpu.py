@@ -211,3 +211,11 @@ def test_handles_are_aligned(cpu):
   bufs = [Buffer("CPU", n, dtypes.uint8) for n in (1, 3, 64, 100, 4097, 3 << 20)]
   assert all(b.handle % 64 == 0 for b in bufs)
   assert bufs[-1].handle % (2 << 20) == 0  # huge-page aligned, so madvise can use 2 MiB pages
+
+
+def test_library_cap_bench_runs(tmp_path):
+  r = subprocess.run([sys.executable, str(REPO / "bench" / "library_cap.py"), "--kernels", "3", "--cache-dir",
+                      str(tmp_path / "cache")], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  rows = [ln for ln in r.stdout.splitlines() if ln.startswith(("| default cap", "| no cap"))]
+  assert len(rows) == 2 and all("failed" not in ln for ln in rows), r.stdout
