@@ -2,7 +2,10 @@
 
 Rules (`c_rules`, before the shared `cstyle_rules`) for what only C says: a loop marked "parallel" by the opt stage
 gets `#pragma omp parallel for`, an innermost reduction loop marked "simd" gets `#pragma omp simd reduction(...)` so
-that gcc vectorizes it without licence to reorder anything else (no -ffast-math).
+that gcc vectorizes it without licence to reorder anything else (no -ffast-math). Vector values (dtype `T.vec(n)`,
+made by rules/opt/vector.py) are gcc vector extensions, `floatx16` for `float32.vec(16)`: arithmetic is written as
+for scalars, a vector load or store goes through a pointer to the vector type (declared with the element's alignment
+and `may_alias`, so any element address will do), `VECTORIZE` is a vector literal, `GEP` a subscript.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
@@ -47,6 +50,14 @@ static inline float g_log2f(float x) {
 """
 
 
+def _vector_typedefs() -> str:
+  lines = []
+  for scalar, size in (("float", 4), ("double", 8), ("int", 4)):
+    for n in (2, 4, 8, 16):
+      lines.append(f"typedef {scalar} {scalar}x{n} __attribute__((vector_size({size * n}), aligned({size}), may_alias));")
+  return "\n".join(lines)
+
+
 class CLanguage(Language):
   def math(self, fn: str, dt) -> str:
     if dt is dtypes.float32 and fn in ("exp2", "log2"): return f"g_{fn}f"
@@ -55,7 +66,7 @@ class CLanguage(Language):
 
 # gcc 12 does not vectorize some loops inside OpenMP's outlined parallel region (a convolution's inner loop gets "no
 # vectype"); the same loop in a function of its own does vectorize, so a parallel loop's body is one
-C = CLanguage(headers=Language().headers + (PRELUDE,), outline_parallel=True)
+C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE), outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:
@@ -77,8 +88,32 @@ def _float_max(red: UOp) -> bool: return red.arg is Ops.MAX and red.dtype.is_flo
 float_max = UPat(Ops.REDUCE, name="red", arg=Ops.MAX, dtype=(dtypes.float16, dtypes.float32, dtypes.float64))
 
 
+def _vector_load(ctx: RenderContext, ld: UOp, idx: UOp) -> str | None:
+  return f"(*({ctx.lang.type(ld.dtype)}*){ctx[idx]})" if ld.dtype.count > 1 else None
+
+
+def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:
+  return f"*({ctx.lang.type(val.dtype)}*){ctx[idx]} = {ctx[val]};" if val.dtype.count > 1 else None
+
+
+def _vector_literal(ctx: RenderContext, v: UOp) -> str:
+  lanes = v.src * v.dtype.count if len(v.src) == 1 else v.src   # one source: a broadcast
+  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(ctx[s] for s in lanes)}}})"
+
+
+def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
+  if red.dtype.count == 1: return None
+  if red.arg is not Ops.ADD: raise TypeError(f"no vector accumulator of {red.arg}")
+  return f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = ({ctx.lang.type(red.dtype)}){{0}};"
+
+
 c_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), _loop),
+  (UPat(Ops.LOAD, name="ld", src=(UPat.var("idx"),)), _vector_load),
+  (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
+  (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
+  (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])"),
+  (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
   (UPat(Ops.DEFINE_ACC, src=(float_max,)),
    lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;"),
   (UPat(Ops.ASSIGN, src=(float_max,)),

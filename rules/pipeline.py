@@ -14,7 +14,8 @@ from .realize import realize_rules, kernelize_rules, group_rules, KernelizeConte
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
-from .linearize import opt_rules, linearize_rules, OptContext
+from .linearize import linearize_rules
+from .opt import OPT_STAGES, opt_context
 from .gpu import fuse_rules, FuseContext, gpu_rules, gpu_index_rules
 
 
@@ -39,6 +40,7 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
+  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage
 
 
 def _kernelize_ctx(run: Run) -> KernelizeContext:
@@ -123,7 +125,7 @@ pipeline = Pipeline([
   Stage("symbolic", symbolic_rules, "kernel"),
   Stage("gpu", gpu_rules, "kernel", applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
-  Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
   Stage("linearize", linearize_rules, "kernel"),
 ])
 

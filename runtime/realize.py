@@ -44,8 +44,8 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
     trip = trips[-1]
     if u.op is Ops.RANGE: trips.append(trip * u.src[0].arg)
     elif u.op is Ops.END: trips.pop()
-    elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip
-    elif u.op is Ops.ASSIGN: flops += trip
+    elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip * u.dtype.count
+    elif u.op is Ops.ASSIGN: flops += trip * u.dtype.count
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
