@@ -114,6 +114,11 @@ c_rules = PatternMatcher([
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
   (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])"),
   (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
+  # a packed buffer (rules/opt/pack.py) is an array on the stack of the thread that fills it; the BARRIER that says
+  # it is filled is the array itself
+  (UPat(Ops.DEFINE_LOCAL, name="b"),
+   lambda ctx, b: f"{ctx.lang.type(b.dtype.base)} {ctx.names[b]}[{b.arg[1]}] __attribute__((aligned(64)));"),
+  (UPat(Ops.BARRIER, src=(UPat(Ops.DEFINE_LOCAL, name="b"),), allow_any_len=True), lambda ctx, b: ctx[b]),
   (UPat(Ops.DEFINE_ACC, src=(float_max,)),
    lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;"),
   (UPat(Ops.ASSIGN, src=(float_max,)),

@@ -11,12 +11,13 @@ from rewrite import UOp, UPat, PatternMatcher, Ops
 
 
 def open_ranges(sink: UOp) -> dict[UOp, frozenset[UOp]]:
-  """For each node, the loops it lies inside: the RANGEs it depends on, less those its REDUCEs closed."""
+  """For each node, the loops it lies inside: the RANGEs it depends on, less those its REDUCEs closed (and the BARRIERs
+  that say a packed buffer is filled, rules/opt/pack.py: `BARRIER(buffer, fill store, *fill loops)`)."""
   out: dict[UOp, frozenset[UOp]] = {}
   for n in sink.toposort:
     if n.op is Ops.RANGE: out[n] = frozenset({n}); continue
     rs = frozenset().union(*(out[s] for s in n.src)) if n.src else frozenset()
-    if n.op is Ops.REDUCE: rs = rs - set(n.src[1:])
+    if n.op is Ops.REDUCE or n.op is Ops.BARRIER: rs = rs - set(n.src[1:])
     out[n] = rs
   return out
 
@@ -24,9 +25,10 @@ def open_ranges(sink: UOp) -> dict[UOp, frozenset[UOp]]:
 def nesting_key(r: UOp) -> tuple:
   """Output loops nest outside reduction loops; within each kind, by (level, position): the kernel's own loops have
   level 0 and nest in axis order (reductions in order of creation); the opt stages (rules/opt) give a loop moved
-  outward level -1 and the inner loops of a tiling levels 1, 2, ... (the arg's position is then (level, position))."""
+  outward level -1, the inner loops of a tiling levels 1, 2, ..., and the loops filling a packed buffer a position
+  just before the loop they serve (the arg's position is then a tuple (level, position, ...))."""
   kind, pos = r.arg[0], r.arg[1]
-  return (0 if kind == "out" else 1, *(pos if isinstance(pos, tuple) else (0, pos)))
+  return (1 if kind == "reduce" else 0, *(pos if isinstance(pos, tuple) else (0, pos)))
 
 
 def loop_work(r: UOp, ranges: dict[UOp, frozenset[UOp]]) -> int:

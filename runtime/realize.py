@@ -15,6 +15,7 @@ from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
 from .buffer import Buffer
+from .search import lower_planned
 from .device import get_device, canonical_name
 
 
@@ -61,8 +62,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
-    with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
-  else: linear = lower_kernel(norm, run)
+    with stats.collect(level=1) as mine: linear = lower_planned(norm, buffers, device, run)
+  else: linear = lower_planned(norm, buffers, device, run)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   body = renderer.render("KERNEL_NAME", linear)

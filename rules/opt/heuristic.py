@@ -13,13 +13,14 @@ tries candidates around it).
     are added at the end.
 """
 from __future__ import annotations
-import os
+import math, os
 from rewrite import UOp, Ops
 from rules.symbolic import terms_of
 from rules.linearize import open_ranges, loop_work
 from .plan import Opt, OptKind, Plan
 
 PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
+PANEL_BYTES = 128 << 10  # a packed panel of B this large stays in the L2 cache
 
 
 def vector_width(itemsize: int) -> int:
@@ -52,7 +53,9 @@ def heuristic_plan(sink: UOp, axes: list[UOp]) -> Plan:
   tile = register_tile(sink, axes)
   if tile: opts += tile
   elif (simd := simd_loops(sink, ranges)): opts += [Opt(OptKind.SIMD, axis[r]) for r in simd]
-  if axes and axes[0].arg[0] == "out" and loop_work(axes[0], ranges) >= PARALLEL_WORK: opts.append(Opt(OptKind.PARALLEL, 0))
+  # the loop moved outermost (a packed panel's), else the first, runs on threads
+  outer = next((o.axis for o in opts if o.kind is OptKind.INTERCHANGE), 0)
+  if axes and axes[outer].arg[0] == "out" and loop_work(axes[0], ranges) >= PARALLEL_WORK: opts.append(Opt(OptKind.PARALLEL, outer))
   return Plan(tuple(opts), "heuristic")
 
 
@@ -93,7 +96,12 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     if vecs == 2: opts.append(Opt(OptKind.UPCAST, n[j], 2))
     along_j = [i for i in idx if coefficient(i, j) == 1]
     others = [r for r in outs[:-1] if all(r not in i.toposort for i in along_j)]
-    if others and (u := unrolled(others[-1], 16 // vecs if w == 16 else 12 // vecs)): opts.append(Opt(OptKind.UPCAST, n[others[-1]], u))
+    if others and (u := unrolled(others[-1], 16 // vecs if w == 16 else 8 // vecs)):
+      opts.append(Opt(OptKind.UPCAST, n[others[-1]], u))
+      # the panel of B that a block of rows reads (every k, this block of columns) is packed once per block of
+      # columns, whose loop moves outermost: the rows stream A past a panel that stays in cache
+      panel = math.prod(size(r) for r in red.src[1:]) * w * 4
+      if panel <= PANEL_BYTES: opts += [Opt(OptKind.PACK, n[others[-1]]), Opt(OptKind.INTERCHANGE, n[j])]
     return opts
   if all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0:
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs

@@ -25,6 +25,7 @@ class OptKind(str, Enum):
   INTERCHANGE = "interchange"  # the (outer) loop nests outside every other loop of its kind
   PARALLEL = "parallel"        # the (outer) loop's iterations run on threads (OpenMP)
   SIMD = "simd"                # the innermost loop of a reduction is vectorized by the C compiler (omp simd)
+  PACK = "pack"                # loads that do not depend on the (output) loop are read from a packed local copy
   def __repr__(self): return self.value
 
 
@@ -65,7 +66,7 @@ def check_plan(plan: Plan, axes: list[UOp]) -> None:
     if o.kind in SPLITTING:
       if o.amount < 2 or left[o.axis] % o.amount: raise InvalidPlan(f"{o!r}: {o.amount} does not divide the {left[o.axis]} trips left")
       left[o.axis] //= o.amount
-    if o.kind is OptKind.PARALLEL and axes[o.axis].arg[0] != "out": raise InvalidPlan(f"{o!r}: only an output loop runs in parallel")
+    if o.kind in (OptKind.PARALLEL, OptKind.PACK) and axes[o.axis].arg[0] != "out": raise InvalidPlan(f"{o!r}: names a reduction loop")
 
 
 @dataclass
@@ -78,7 +79,16 @@ class OptContext:
   loop_axis: dict[UOp, int] = field(default_factory=dict)   # each loop that still is one -> the axis it came from
   lane: UOp | None = None                                   # the vector stage's lane loop
 
+  locals_made: int = 0                                      # local buffers made so far (their names)
+
   def opts(self, axis: int, *kinds: OptKind) -> list[Opt]: return [o for o in self.plan.opts if o.axis == axis and o.kind in kinds]
+  def opts_of_kind(self, kind: OptKind) -> list[Opt]: return [o for o in self.plan.opts if o.kind is kind]
+  def current_loop(self, axis: int) -> UOp | None:
+    """The loop that stands for `axis` now: the one made last from it (its outer part, once split or marked)."""
+    return next((r for r, a in reversed(self.loop_axis.items()) if a == axis), None)
+  def next_local(self) -> int:
+    self.locals_made += 1
+    return self.locals_made - 1
 
 
 def opt_context(run) -> OptContext:
@@ -97,7 +107,7 @@ def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
     plan = heuristic_plan(sink, axes)
   check_plan(plan, axes)
   ctx.plan, ctx.axis_of = plan, {r: i for i, r in enumerate(axes)}
-  ctx.loop_axis, ctx.lane = dict(ctx.axis_of), None
+  ctx.loop_axis, ctx.lane, ctx.locals_made = dict(ctx.axis_of), None, 0
   return sink.replace(arg=plan)
 
 
