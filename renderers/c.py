@@ -88,8 +88,15 @@ def _float_max(red: UOp) -> bool: return red.arg is Ops.MAX and red.dtype.is_flo
 float_max = UPat(Ops.REDUCE, name="red", arg=Ops.MAX, dtype=(dtypes.float16, dtypes.float32, dtypes.float64))
 
 
-def _vector_load(ctx: RenderContext, ld: UOp, idx: UOp) -> str | None:
-  return f"(*({ctx.lang.type(ld.dtype)}*){ctx[idx]})" if ld.dtype.count > 1 else None
+def _vector_load(ctx: RenderContext, ld: UOp) -> str | None:
+  """A vector load; masked (rules/opt/vector.py), it reads the vector at once only when every lane is valid."""
+  if ld.dtype.count == 1: return None
+  t, p, valid = ctx.lang.type(ld.dtype), ctx[ld.src[0]], [ctx[v] for v in ld.src[1:]]
+  whole = f"(*({t}*){p})"
+  if not valid: return whole
+  if len(valid) == 1: return f"({valid[0]}?{whole}:({t}){{0}})"
+  zero = ctx.lang.literal(ld.dtype.scalar, 0)
+  return f"(({'&&'.join(valid)})?{whole}:({t}){{{', '.join(f'{v}?{p}[{c}]:{zero}' for c, v in enumerate(valid))}}})"
 
 
 def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:
@@ -109,7 +116,7 @@ def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
 
 c_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), _loop),
-  (UPat(Ops.LOAD, name="ld", src=(UPat.var("idx"),)), _vector_load),
+  (UPat(Ops.LOAD, name="ld"), _vector_load),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
   (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])"),

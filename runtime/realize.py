@@ -36,6 +36,7 @@ class CompiledKernel:
   program: object = None
   global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
   local_size: tuple[int, ...] | None = None
+  plan: str = ""             # the optimization plan it was lowered with, and where the plan came from (rules/opt)
 
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
@@ -70,10 +71,10 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
-  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, plan=str(run.opt.plan) if run.opt else "")
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
   if stats.active:
-    for c in stats.active: c.add_kernel(name, mine.stages)
+    for c in stats.active: c.add_kernel(name, mine.stages, ck.plan)
   return ck
 
 
@@ -203,7 +204,7 @@ def run_schedule(sched: Schedule) -> float:
                       wait=dbg >= 2) or 0.0
       if dbg >= 2:
         rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
-        print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
+        print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}  plan {ck.plan}")
       if dbg >= 3: print(ck.source)
     total += dt
   return total

@@ -13,7 +13,7 @@ tries candidates around it).
     are added at the end.
 """
 from __future__ import annotations
-import math, os
+import math
 from rewrite import UOp, Ops
 from rules.symbolic import terms_of
 from rules.linearize import open_ranges, loop_work
@@ -72,16 +72,14 @@ def simd_loops(sink: UOp, ranges) -> list[UOp]:
 
 def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
   """The opts of a register tile for a kernel of one store of a float sum of products of loads, else None."""
-  if os.environ.get("GRAFT_NOTILE"): return None
   if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE: return None
   st = sink.src[0]
   reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
   if len(reds) != 1 or reds[0].arg is not Ops.ADD or not reds[0].dtype.is_float or reds[0].dtype.itemsize != 4: return None
   red = reds[0]
   loads = loads_of(red.src[0])
-  if len(loads) < 2 or any(len(ld.src) > 1 for ld in loads): return None   # masked loads (padding) gather lanes
   outs = [r for r in axes if r.arg[0] == "out"]
-  if not outs or len(red.src) < 2: return None
+  if len(loads) < 2 or not outs or len(red.src) < 2: return None
   n = {r: i for i, r in enumerate(axes)}
   size = lambda r: r.src[0].arg
   idx = [ld.src[0].src[1] for ld in loads]
@@ -91,19 +89,24 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
   if coefficient(st.src[0].src[1], j) == 1 and any(coefficient(i, j) == 1 for i in idx) and \
      all(coefficient(i, j) in (0, 1) for i in idx) and size(j) % w == 0:
     # broadcast form: the loads along j are vectors, another output loop they do not depend on is unrolled
-    opts = [Opt(OptKind.VECTOR, n[j], w)]
-    vecs = 2 if size(j) % (2 * w) == 0 else 1
-    if vecs == 2: opts.append(Opt(OptKind.UPCAST, n[j], 2))
-    along_j = [i for i in idx if coefficient(i, j) == 1]
-    others = [r for r in outs[:-1] if all(r not in i.toposort for i in along_j)]
-    if others and (u := unrolled(others[-1], 16 // vecs if w == 16 else 8 // vecs)):
+    along_j = [ld for ld, i in zip(loads, idx) if coefficient(i, j) == 1]
+    rows = size(j) // w
+    vecs = 2 if rows % 2 == 0 else next(v for v in (7, 6, 5, 4, 3, 2, 1) if rows % v == 0)
+    opts = [Opt(OptKind.VECTOR, n[j], w)] + ([Opt(OptKind.UPCAST, n[j], vecs)] if vecs > 1 else [])
+    # the small reduction loops (a convolution's window) move outward: the masks of padding, which depend on them
+    # and not on the long one (the channels), are computed once per window position
+    longest = max(red.src[1:], key=size)
+    opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
+    others = [r for r in outs[:-1] if all(r not in ld.toposort for ld in along_j)]
+    if others and (u := unrolled(others[-1], max(1, (16 if w == 16 else 14) // vecs))):
       opts.append(Opt(OptKind.UPCAST, n[others[-1]], u))
       # the panel of B that a block of rows reads (every k, this block of columns) is packed once per block of
       # columns, whose loop moves outermost: the rows stream A past a panel that stays in cache
       panel = math.prod(size(r) for r in red.src[1:]) * w * 4
-      if panel <= PANEL_BYTES: opts += [Opt(OptKind.PACK, n[others[-1]]), Opt(OptKind.INTERCHANGE, n[j])]
+      if panel <= PANEL_BYTES and rows > vecs and all(len(ld.src) == 1 for ld in along_j):
+        opts += [Opt(OptKind.PACK, n[others[-1]]), Opt(OptKind.INTERCHANGE, n[j])]
     return opts
-  if all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0:
+  if all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs
     opts = [Opt(OptKind.VECTOR, n[k], w)]
     for r in [r for r in outs if any(r not in i.toposort for i in idx)][-2:]:

@@ -4,12 +4,14 @@ Stage `opt_loops` (rule set `loop_rules`, ctx: `OptContext`). In: a kernel after
 knowing which axis of the plan each remaining loop came from. Out: the loop of each `interchange` record nests
 outside every other loop of its kind (its position gets level -1, see `rules.linearize.nesting_key`); the loop of
 each `parallel` record gains the mark "parallel" (the C renderer runs it with OpenMP threads) and that of each
-`simd` record the mark "simd" (`#pragma omp simd` with the reductions it closes). Values are unchanged.
+`simd` record the mark "simd" (`#pragma omp simd` with the reductions it closes); a REDUCE lists its loops in
+their (new) nesting order. Values are unchanged.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops
 from .plan import OptContext, OptKind
 from .split import loop_position
+from rules.linearize import nesting_key
 
 MARKS = ("parallel", "simd")
 
@@ -35,8 +37,16 @@ def _mark(kind: OptKind):
 
 mark_parallel_loop, mark_simd_loop = _mark(OptKind.PARALLEL), _mark(OptKind.SIMD)
 
+
+def reduce_loops_in_nesting_order(red: UOp) -> UOp | None:
+  """A REDUCE lists its loops outermost first (the linearizer opens the first and accumulates in the last)."""
+  loops = tuple(sorted(red.src[1:], key=nesting_key))
+  return None if loops == red.src[1:] else red.replace(src=(red.src[0], *loops))
+
+
 loop_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), interchange_loop),
   (UPat(Ops.RANGE, name="r"), mark_parallel_loop),
   (UPat(Ops.RANGE, name="r"), mark_simd_loop),
+  (UPat(Ops.REDUCE, name="red"), reduce_loops_in_nesting_order),
 ], name="opt_loops")

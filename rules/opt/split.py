@@ -11,6 +11,7 @@ nests inside every loop of the original nest (that is tiling: `i, j -> i_o, j_o,
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops
+from rules.linearize import nesting_key
 from .plan import OptContext, SPLITTING, trip_product
 
 
@@ -23,8 +24,9 @@ def loop_position(r: UOp) -> tuple[int, int]:
 def split_loop(ctx: OptContext, r: UOp) -> UOp | None:
   if (axis := ctx.axis_of.get(r)) is None or not (parts := ctx.opts(axis, *SPLITTING)): return None
   kind, (level, pos), rest = r.arg[0], loop_position(r), r.arg[2:]
-  outer = r.replace(src=(UOp.const(r.dtype, r.src[0].arg // trip_product(parts)),))
-  ctx.loop_axis[outer] = axis
+  trips = r.src[0].arg // trip_product(parts)
+  outer = r.replace(src=(UOp.const(r.dtype, trips),)) if trips > 1 else UOp.const(r.dtype, 0)
+  if trips > 1: ctx.loop_axis[outer] = axis
   expr = outer
   for depth, o in enumerate(reversed(parts), 1):   # the last record is the outermost of the inner parts
     inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, o.amount),), (kind, (level + depth, pos), *rest, (o.kind.value, o.amount)))
@@ -37,7 +39,7 @@ def reduce_over_parts(red: UOp) -> UOp | None:
   if all(s.op is Ops.RANGE for s in red.src[1:]): return None
   loops: dict[UOp, None] = {}
   for s in red.src[1:]:
-    for n in sorted((n for n in s.toposort if n.op is Ops.RANGE), key=lambda n: loop_position(n)[0]): loops[n] = None
+    for n in sorted((n for n in s.toposort if n.op is Ops.RANGE), key=nesting_key): loops[n] = None
   return red.replace(src=(red.src[0], *loops))
 
 

@@ -2,8 +2,8 @@
 
 Stage `opt_vector` (rule set `vector_rules`). In: a kernel where one RANGE (the lane loop, n trips) carries a
 ("vector", n) part. Out: no node depends on that RANGE; values that did are vectors of n lanes (dtype `T.vec(n)`):
-- a load whose address moves by one element per lane is one vector load from the address of lane 0; any other load
-  is a gather (a `VECTORIZE` of one scalar load per lane);
+- a load whose address moves by one element per lane is one vector load from the address of lane 0 (with a validity
+  per lane when it is masked); any other load is a gather (a `VECTORIZE` of one scalar load per lane);
 - float and int32 `+ * - /` of vectors are vector ops, a lane-independent operand broadcast (`VECTORIZE` of one
   source); any other op reads its vector operands lane by lane (`GEP(vector, lane)`) and stays scalar until a vector
   op, a reduction or a store asks for all lanes, which then gets one copy per lane;
@@ -54,8 +54,13 @@ def find_lane_loop(ctx, r: UOp) -> None:
 
 
 def vector_load(ctx, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
+  """A load of contiguous lanes is one vector load. A masked one (padding) keeps one validity per lane, or one for all
+  lanes when the mask does not depend on the lane: `LOAD(index of lane 0, *valid)`; the renderer loads the vector
+  at once when every lane is valid and lane by lane otherwise."""
   if ld.dtype not in VECTOR_TYPES or ctx.lane not in idx.toposort or (base := contiguous_base(idx, ctx.lane)) is None: return None
-  return UOp(Ops.LOAD, ld.dtype.vec(ctx.lane.src[0].arg), (ld.src[0].replace(src=(buf, base)),))
+  valid = ld.src[1:]
+  if valid and ctx.lane in valid[0].toposort: valid = tuple(at_lane(valid[0], ctx.lane, c) for c in range(ctx.lane.src[0].arg))
+  return UOp(Ops.LOAD, ld.dtype.vec(ctx.lane.src[0].arg), (ld.src[0].replace(src=(buf, base)), *valid))
 
 
 def gather_load(ctx, ld: UOp) -> UOp | None:
@@ -118,7 +123,7 @@ def store_lane_by_lane(ctx, st: UOp) -> UOp | None:
 index = UPat(Ops.INDEX, src=(UPat.var("buf"), UPat.var("idx")))
 vector_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), find_lane_loop),
-  (UPat(Ops.LOAD, name="ld", src=(index,)), vector_load),
+  (UPat(Ops.LOAD, name="ld", src=(index,), allow_any_len=True), vector_load),
   (UPat(Ops.LOAD, name="ld"), gather_load),
   (UPat(Ops.REDUCE, name="red"), sum_over_lanes),
   (UPat(Ops.REDUCE, name="red"), reduce_lane_by_lane),
