@@ -73,7 +73,8 @@ def _loop(ctx: RenderContext, r: UOp) -> str:
   head = f"for (int {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
   mark = r.arg[-1]
   if mark == "parallel": return f"#pragma omp parallel for\n{head}"
-  if mark == "simd" and (reds := ctx.accumulators.get(r)):
+  # (a vector accumulator, rules/opt/vector.py, is vectorized already: OpenMP has no reduction of it)
+  if mark == "simd" and (reds := [x for x in ctx.accumulators.get(r, []) if x.dtype.count == 1]):
     clauses = [f"reduction({sym}:{', '.join(ctx.names[x] for x in reds if x.arg is op)})"
                for op, sym in ((Ops.ADD, "+"), (Ops.MAX, "max")) if any(x.arg is op for x in reds)]
     if nan_flags := [f"{ctx.names[x]}_nan" for x in reds if _float_max(x)]: clauses.append(f"reduction(|:{', '.join(nan_flags)})")

@@ -6,7 +6,8 @@ does on loops nested inside it (the B panel of a matrix product, for a = the row
 instead. The buffer (`DEFINE_LOCAL`, one per load; its source is the loop it lives in, so each iteration of that
 loop, and each thread, has its own) holds the load's values for every iteration of those inner loops, in their
 order, so the nest reads it front to back, one cache line after another, however the global operand is strided.
-It is filled by a loop nest of its own (RANGE kind "pack"), which nests just before loop `a`; the reads take
+It is filled by a loop nest of its own (RANGE kind "pack"), first inside the last loop the load depends on (where
+the buffer is declared); the reads take
 `BARRIER(buffer, fill store, *fill loops)` as their buffer: a value that exists once the fill is done (the
 linearizer closes the fill loops there, as a REDUCE closes its loops). Values are unchanged.
 """
@@ -15,7 +16,6 @@ import math
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.linearize import nesting_key
 from .plan import OptContext, OptKind
-from .split import loop_position
 from .upcast import at_values
 
 MAX_LOCAL_BYTES = 256 << 10   # a packed buffer lives on the stack of its thread
@@ -31,8 +31,10 @@ def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
     outer = [q for q in loops if nesting_key(q) < nesting_key(a)]
     size = math.prod(q.src[0].arg for q in inner) * ld.dtype.count
     if not inner or size * ld.dtype.itemsize > MAX_LOCAL_BYTES: continue
-    level, pos = loop_position(a)
-    fill_loops = [UOp(Ops.RANGE, q.dtype, q.src, ("pack", (level, pos - 0.5, m), q.arg)) for m, q in enumerate(inner)]
+    # the fill nests right inside the last loop it depends on, before any other loop there (nesting_key: a tuple
+    # that extends another sorts right after it)
+    at = nesting_key(outer[-1])[1:] if outer else (-2,)
+    fill_loops = [UOp(Ops.RANGE, q.dtype, q.src, ("pack", (*at, m), q.arg)) for m, q in enumerate(inner)]
     local = UOp(Ops.DEFINE_LOCAL, ld.dtype.scalar.ptr("local"), tuple(outer[-1:]), (ctx.next_local(), size))
     def slot(qs) -> UOp:
       flat = qs[0]

@@ -30,6 +30,7 @@ class OptKind(str, Enum):
 
 
 SPLITTING = (OptKind.SPLIT, OptKind.UPCAST, OptKind.VECTOR)
+VECTOR_WIDTHS = (2, 4, 8, 16)   # lanes a vector may have (the C renderer declares these)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ def check_plan(plan: Plan, axes: list[UOp]) -> None:
     if o.kind in SPLITTING:
       if o.amount < 2 or left[o.axis] % o.amount: raise InvalidPlan(f"{o!r}: {o.amount} does not divide the {left[o.axis]} trips left")
       left[o.axis] //= o.amount
+    if o.kind is OptKind.VECTOR and o.amount not in VECTOR_WIDTHS: raise InvalidPlan(f"{o!r}: a vector has 2, 4, 8 or 16 lanes")
     if o.kind in (OptKind.PARALLEL, OptKind.PACK) and axes[o.axis].arg[0] != "out": raise InvalidPlan(f"{o!r}: names a reduction loop")
 
 

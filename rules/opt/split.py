@@ -26,6 +26,7 @@ def split_loop(ctx: OptContext, r: UOp) -> UOp | None:
   kind, (level, pos), rest = r.arg[0], loop_position(r), r.arg[2:]
   trips = r.src[0].arg // trip_product(parts)
   outer = r.replace(src=(UOp.const(r.dtype, trips),)) if trips > 1 else UOp.const(r.dtype, 0)
+  ctx.loop_axis.pop(r)   # the original loop is gone; records after this one act on its outer part, if any
   if trips > 1: ctx.loop_axis[outer] = axis
   expr = outer
   for depth, o in enumerate(reversed(parts), 1):   # the last record is the outermost of the inner parts
