@@ -13,10 +13,10 @@ tries candidates around it).
     are added at the end.
 """
 from __future__ import annotations
-import math
+import functools, math
 from rewrite import UOp, Ops
 from rules.symbolic import terms_of
-from rules.linearize import open_ranges, loop_work
+from rules.linearize import open_ranges, loop_work, nesting_key
 from .plan import Opt, OptKind, Plan
 
 PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
@@ -28,14 +28,11 @@ def vector_width(itemsize: int) -> int:
   return (64 if _has_avx512() else 32) // itemsize
 
 
+@functools.cache
 def _has_avx512() -> bool:
-  from functools import cache
-  @cache
-  def read() -> bool:
-    try:
-      with open("/proc/cpuinfo") as f: return " avx512f" in f.read()
-    except OSError: return False
-  return read()
+  try:
+    with open("/proc/cpuinfo") as f: return " avx512f" in f.read()
+  except OSError: return False
 
 
 def coefficient(index: UOp, r: UOp) -> int:
@@ -54,14 +51,13 @@ def heuristic_plan(sink: UOp, axes: list[UOp]) -> Plan:
   if tile: opts += tile
   elif (simd := simd_loops(sink, ranges)): opts += [Opt(OptKind.SIMD, axis[r]) for r in simd]
   # the loop moved outermost (a packed panel's), else the first, runs on threads
-  outer = next((o.axis for o in opts if o.kind is OptKind.INTERCHANGE), 0)
+  outer = next((o.axis for o in opts if o.kind is OptKind.INTERCHANGE and axes[o.axis].arg[0] == "out"), 0)
   if axes and axes[outer].arg[0] == "out" and loop_work(axes[0], ranges) >= PARALLEL_WORK: opts.append(Opt(OptKind.PARALLEL, outer))
   return Plan(tuple(opts), "heuristic")
 
 
 def simd_loops(sink: UOp, ranges) -> list[UOp]:
   """The innermost loop of each float sum or max that has no loop inside it (today's row reductions)."""
-  from rules.linearize import nesting_key
   out = []
   for red in (n for n in sink.toposort if n.op is Ops.REDUCE):
     last = red.src[-1]

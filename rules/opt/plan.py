@@ -33,6 +33,9 @@ SPLITTING = (OptKind.SPLIT, OptKind.UPCAST, OptKind.VECTOR)
 VECTOR_WIDTHS = (2, 4, 8, 16)   # lanes a vector may have (the C renderer declares these)
 
 
+def trip_product(opts) -> int: return math.prod(o.amount for o in opts)
+
+
 @dataclass(frozen=True)
 class Opt:
   kind: OptKind
@@ -61,6 +64,7 @@ def kernel_axes(sink: UOp) -> list[UOp]:
 def check_plan(plan: Plan, axes: list[UOp]) -> None:
   """Raise InvalidPlan unless every record names a loop whose remaining trip count its amount divides."""
   left = [r.src[0].arg for r in axes]
+  if sum(o.kind is OptKind.VECTOR for o in plan.opts) > 1: raise InvalidPlan(f"{plan}: one vector record per kernel")
   for o in plan.opts:
     if not isinstance(o, Opt) or not 0 <= o.axis < len(axes):
       raise InvalidPlan(f"{o!r} names no loop of this kernel ({len(axes)} loops)")
@@ -115,5 +119,3 @@ def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
 
 plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_plan)], name="opt")
 
-
-def trip_product(opts) -> int: return math.prod(o.amount for o in opts)
