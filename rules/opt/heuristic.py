@@ -4,7 +4,7 @@ tries candidates around it).
 - Every kernel: the outermost output loop runs on threads when the work under it pays for starting them.
 - A reduction: its innermost loop is vectorized by the C compiler (`simd`), as the reduction of a row.
 - A sum of products of loads (a matrix product, batched as in attention, or a linear layer), two kinds of register
-  tiles, the shape of a BLAS microkernel:
+  tiles, the shape of a BLAS microkernel (the first also serves a sum down columns, `x.sum(axis=0)`):
   - "broadcast" (A @ B with B read along the innermost output loop j): j is split into vector lanes (and unrolled
     into two vectors), the output loop i that B does not depend on is unrolled U times: U x 2 vector accumulators;
     each step of the reduction loads two vectors of B and broadcasts U elements of A;
@@ -75,7 +75,7 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
   red = reds[0]
   loads = loads_of(red.src[0])
   outs = [r for r in axes if r.arg[0] == "out"]
-  if len(loads) < 2 or not outs or len(red.src) < 2: return None
+  if not loads or not outs or len(red.src) < 2: return None
   n = {r: i for i, r in enumerate(axes)}
   size = lambda r: r.src[0].arg
   idx = [ld.src[0].src[1] for ld in loads]
@@ -102,7 +102,7 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
       if panel <= PANEL_BYTES and rows > vecs and all(len(ld.src) == 1 for ld in along_j):
         opts += [Opt(OptKind.PACK, n[others[-1]]), Opt(OptKind.INTERCHANGE, n[j])]
     return opts
-  if all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
+  if len(loads) > 1 and all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs
     opts = [Opt(OptKind.VECTOR, n[k], w)]
     for r in [r for r in outs if any(r not in i.toposort for i in idx)][-2:]:
