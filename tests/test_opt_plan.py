@@ -35,10 +35,17 @@ def test_heuristic_matmul_is_a_register_tile_over_a_packed_panel():
   assert {OptKind.VECTOR, OptKind.UPCAST, OptKind.PACK, OptKind.INTERCHANGE, OptKind.PARALLEL} == set(kinds(plan))
 
 
-def test_heuristic_linear_layer_is_a_tile_of_vector_dot_products():
+def test_heuristic_linear_layer_packs_w_transposed_into_panels():
   x, w = Tensor(rng.standard_normal((64, 128), dtype=np.float32)), Tensor(rng.standard_normal((32, 128), dtype=np.float32))
   _, plan = lowered(x @ w.permute(1, 0))
-  assert plan.opts[0] == Opt(OptKind.VECTOR, 2, 8 if plan.opts[0].amount == 8 else 16)   # lanes along k
+  assert plan.opts[0].kind is OptKind.VECTOR and plan.opts[0].axis == 1   # lanes along the output row, not along k
+  assert OptKind.PACK in kinds(plan)
+
+
+def test_heuristic_long_dot_products_of_unpackable_operands_are_vector_partial_sums():
+  x = Tensor(rng.standard_normal((16, 8192), dtype=np.float32))
+  _, plan = lowered(x @ x.permute(1, 0))   # a panel over 8192 k is too big to pack
+  assert plan.opts[0] == Opt(OptKind.VECTOR, 2, plan.opts[0].amount)   # lanes along k
   assert kinds(plan).count(OptKind.UPCAST) == 2
 
 

@@ -82,10 +82,15 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
   j, k, w = outs[-1], red.src[-1], vector_width(4)
   def unrolled(r: UOp, most: int) -> int | None:
     return next((u for u in (8, 6, 4, 3, 2) if u <= most and size(r) % u == 0 and size(r) >= 2 * u), None)
-  if coefficient(st.src[0].src[1], j) == 1 and any(coefficient(i, j) == 1 for i in idx) and \
-     all(coefficient(i, j) in (0, 1) for i in idx) and size(j) % w == 0:
-    # broadcast form: the loads along j are vectors, another output loop they do not depend on is unrolled
-    along_j = [ld for ld, i in zip(loads, idx) if coefficient(i, j) == 1]
+  along_j = [ld for ld, i in zip(loads, idx) if j in i.toposort]
+  others = [r for r in outs[:-1] if all(r not in ld.toposort for ld in along_j)]
+  panel = math.prod(size(r) for r in red.src[1:]) * w * 4
+  # a panel of B that a block of rows reads (every k, this block of columns) can be packed once per block of columns
+  packable = bool(others) and panel <= PANEL_BYTES and all(len(ld.src) == 1 for ld in along_j)
+  contiguous = all(coefficient(ld.src[0].src[1], j) == 1 for ld in along_j)
+  if coefficient(st.src[0].src[1], j) == 1 and along_j and size(j) % w == 0 and (contiguous or packable):
+    # broadcast form: the loads along j are vectors (read from a packed panel when they are strided: x @ W.T),
+    # another output loop they do not depend on is unrolled
     rows = size(j) // w
     vecs = 2 if rows % 2 == 0 else next(v for v in (7, 6, 5, 4, 3, 2, 1) if rows % v == 0)
     opts = [Opt(OptKind.VECTOR, n[j], w)] + ([Opt(OptKind.UPCAST, n[j], vecs)] if vecs > 1 else [])
@@ -93,15 +98,12 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     # and not on the long one (the channels), are computed once per window position
     longest = max(red.src[1:], key=size)
     opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
-    others = [r for r in outs[:-1] if all(r not in ld.toposort for ld in along_j)]
     if others and (u := unrolled(others[-1], max(1, (16 if w == 16 else 14) // vecs))):
       opts.append(Opt(OptKind.UPCAST, n[others[-1]], u))
-      # the panel of B that a block of rows reads (every k, this block of columns) is packed once per block of
-      # columns, whose loop moves outermost: the rows stream A past a panel that stays in cache
-      panel = math.prod(size(r) for r in red.src[1:]) * w * 4
-      if panel <= PANEL_BYTES and rows > vecs and all(len(ld.src) == 1 for ld in along_j):
-        opts += [Opt(OptKind.PACK, n[others[-1]]), Opt(OptKind.INTERCHANGE, n[j])]
-    return opts
+      # the packed panel's loop of columns moves outermost: the rows stream A past a panel that stays in cache
+      if packable and (rows > vecs or not contiguous):
+        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs else [])
+    if contiguous or any(o.kind is OptKind.PACK for o in opts): return opts
   if len(loads) > 1 and all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs
     opts = [Opt(OptKind.VECTOR, n[k], w)]
