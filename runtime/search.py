@@ -4,7 +4,8 @@
 1. the plan cache holds for it: `$GRAFT_CACHE_DIR/plans/<key>.json`, keyed by the kernel (its normalized graph),
    the device, the pipeline version, this module's version and the machine (CPU model and flags): origin "cache";
 2. else, with `GRAFT_SEARCH=N`, a beam search finds: it starts from the heuristic's plan, and each round changes one
-   record of each of the N best plans so far (an unroll amount, one record fewer, a loop moved outward, a tile) and
+   record of each of the N best plans so far (an unroll amount, one record fewer, a loop moved outward, a packed
+   operand, a tile) and
    compiles and times every new candidate on fresh buffers of the kernel's sizes, until a round finds nothing
    faster or `GRAFT_SEARCH_SECONDS` (default 20) are spent on the kernel; the winner is written to the cache:
    origin "search";
@@ -109,7 +110,8 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
         if n != o.amount: out.append(opts[:i] + (Opt(o.kind, o.axis, n),) + opts[i + 1:])
   outs = [a for a, k in enumerate(kinds) if k == "out"]
   for a in outs:
-    if not any(o.kind is OptKind.INTERCHANGE and o.axis == a for o in opts): out.append(opts + (Opt(OptKind.INTERCHANGE, a),))
+    for kind in (OptKind.INTERCHANGE, OptKind.PACK):
+      if not any(o.kind is kind and o.axis == a for o in opts): out.append(opts + (Opt(kind, a),))
     for n in (2, 4, 8):
       if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts): out.append(opts + (Opt(OptKind.UPCAST, a, n),))
     for n in (16, 32, 64, 128):
