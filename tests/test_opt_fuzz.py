@@ -19,11 +19,16 @@ def random_kernel(rng: random.Random):
   """(a tensor computed by one kernel, what numpy computes)."""
   d = lambda: rng.choice([2, 4, 6, 8, 12, 16])
   arr = lambda *s: np.random.default_rng(rng.randrange(1 << 30)).standard_normal(s, dtype=np.float32)
-  kind = rng.choice(["matmul", "conv", "sum", "max", "views"])
+  kind = rng.choice(["matmul", "linear", "conv", "sum", "max", "views"])
   if kind == "matmul":
     a = arr(d(), d())
     b = arr(a.shape[1], d())
     return Tensor(a) @ Tensor(b), a @ b
+  if kind == "linear":
+    x = arr(d(), d())
+    w = arr(d(), x.shape[1])
+    b = arr(w.shape[0])
+    return Tensor(x).linear(Tensor(w), Tensor(b)).relu(), np.maximum(x @ w.T + b, 0)
   if kind == "conv":
     x = arr(rng.choice([1, 2]), d(), d(), 8)
     w = arr(rng.choice([2, 4]), x.shape[1], 3, 3)

@@ -28,3 +28,12 @@ def test_pack_leaves_loads_that_depend_on_the_loop():
   t = Tensor(a) @ Tensor(b)
   linear, _ = lowered(t, *plan)
   assert sum(u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg == 1 for u in linear.src) == 2
+
+
+def test_a_bias_read_once_per_column_is_not_packed_but_the_panel_of_w_is():
+  x, w, bias = a, b.T.copy(), rng.standard_normal(24, dtype=np.float32)
+  t = Tensor(x).linear(Tensor(w), Tensor(bias))
+  opts = (Opt(OptKind.VECTOR, 1, 8), *plan)
+  linear, _ = lowered(t, *opts)
+  assert sum(u.op is Ops.DEFINE_LOCAL for u in linear.src) == 1
+  assert_allclose(run_with(t, *opts), x @ w.T + bias, rtol=1e-5, atol=1e-5)

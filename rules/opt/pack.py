@@ -33,7 +33,9 @@ def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
     inner = sorted((q for q in loops if nesting_key(q) > nesting_key(a)), key=lambda q: (part_kind(q) == "vector", nesting_key(q)))
     outer = [q for q in loops if nesting_key(q) < nesting_key(a)]
     size = math.prod(q.src[0].arg for q in inner)
-    if not inner or size * ld.dtype.itemsize > MAX_LOCAL_BYTES: continue
+    # a load that varies only along the lanes is one vector: nothing to pack (and the read would sit beside the fill,
+    # not inside a loop after it, which the linearizer orders only by its loops)
+    if all(part_kind(q) == "vector" for q in inner) or size * ld.dtype.itemsize > MAX_LOCAL_BYTES: continue
     # the fill nests right inside the last loop it depends on, before any other loop there (nesting_key: a tuple
     # that extends another sorts right after it)
     at = nesting_key(outer[-1])[1:] if outer else (-2,)

@@ -20,7 +20,7 @@ _at_values = PatternMatcher([(UPat(name="u"), _loops_at_values)], name="opt.loop
 
 def at_values(u: UOp, values: dict[UOp, UOp]) -> UOp:
   """u with some loops replaced by values (a constant index, say): a copy of u for those iterations."""
-  return graph_rewrite(u, _at_values, values, name="opt.loops_at_values")
+  return values[u] if u in values else graph_rewrite(u, _at_values, values, name="opt.loops_at_values")
 
 
 def part_kind(r: UOp) -> str | None:

@@ -103,7 +103,8 @@ def reduce_lane_by_lane(ctx, red: UOp) -> UOp | None:
   lane = ctx.lane
   if lane is None or lane not in red.src[1:]: return None
   rest = tuple(r for r in red.src[1:] if r is not lane)
-  per_lane = [at_lane(red.replace(src=(red.src[0], *rest)) if rest else red.src[0], lane, c) for c in range(lane.src[0].arg)]
+  values = [at_lane(red.src[0], lane, c) for c in range(lane.src[0].arg)]
+  per_lane = [red.replace(src=(v, *rest)) if rest else v for v in values]
   return functools.reduce(lambda a, b: UOp(red.arg, red.dtype, (a, b)), per_lane)
 
 
