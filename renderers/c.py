@@ -2,7 +2,10 @@
 
 Rules (`c_rules`, before the shared `cstyle_rules`) for what only C says: a loop marked "parallel" by the opt stage
 gets `#pragma omp parallel for`, an innermost reduction loop marked "simd" gets `#pragma omp simd reduction(...)` so
-that gcc vectorizes it without licence to reorder anything else (no -ffast-math).
+that gcc vectorizes it without licence to reorder anything else (no -ffast-math). Vector values (dtype `T.vec(n)`,
+made by rules/opt/vector.py) are gcc vector extensions, `floatx16` for `float32.vec(16)`: arithmetic is written as
+for scalars, a vector load or store goes through a pointer to the vector type (declared with the element's alignment
+and `may_alias`, so any element address will do), `VECTORIZE` is a vector literal, `GEP` a subscript.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
@@ -47,6 +50,18 @@ static inline float g_log2f(float x) {
 """
 
 
+def _vector_typedefs() -> str:
+  lines = []
+  for scalar, size in (("float", 4), ("double", 8), ("int", 4)):
+    for n in (2, 4, 8, 16):
+      t = f"{scalar}x{n}"
+      lines.append(f"typedef {scalar} {t} __attribute__((vector_size({size * n}), aligned({size}), may_alias));")
+      # the lanes of a masked vector load, at the edges of padding: a call of its own keeps it out of the hot path
+      lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* p, int valid) {{ {t} v = {{0}}; "
+                   f"for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = p[i]; return v; }}")
+  return "\n".join(lines)
+
+
 class CLanguage(Language):
   def math(self, fn: str, dt) -> str:
     if dt is dtypes.float32 and fn in ("exp2", "log2"): return f"g_{fn}f"
@@ -55,14 +70,15 @@ class CLanguage(Language):
 
 # gcc 12 does not vectorize some loops inside OpenMP's outlined parallel region (a convolution's inner loop gets "no
 # vectype"); the same loop in a function of its own does vectorize, so a parallel loop's body is one
-C = CLanguage(headers=Language().headers + (PRELUDE,), outline_parallel=True)
+C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE), outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:
   head = loop_head(ctx, r)
   mark = r.arg[-1]
   if mark == "parallel": return f"#pragma omp parallel for\n{head}"
-  if mark == "simd" and (reds := ctx.accumulators.get(r)):
+  # (a vector accumulator, rules/opt/vector.py, is vectorized already: OpenMP has no reduction of it)
+  if mark == "simd" and (reds := [x for x in ctx.accumulators.get(r, []) if x.dtype.count == 1]):
     clauses = [f"reduction({sym}:{', '.join(ctx.names[x] for x in reds if x.arg is op)})"
                for op, sym in ((Ops.ADD, "+"), (Ops.MAX, "max")) if any(x.arg is op for x in reds)]
     if nan_flags := [f"{ctx.names[x]}_nan" for x in reds if _float_max(x)]: clauses.append(f"reduction(|:{', '.join(nan_flags)})")
@@ -77,8 +93,43 @@ def _float_max(red: UOp) -> bool: return red.arg is Ops.MAX and red.dtype.is_flo
 float_max = UPat(Ops.REDUCE, name="red", arg=Ops.MAX, dtype=(dtypes.float16, dtypes.float32, dtypes.float64))
 
 
+def _vector_load(ctx: RenderContext, ld: UOp) -> str | None:
+  """A vector load; masked (rules/opt/vector.py), it reads the vector at once only when every lane is valid."""
+  if ld.dtype.count == 1: return None
+  t, p, valid = ctx.lang.type(ld.dtype), ctx[ld.src[0]], [ctx[v] for v in ld.src[1:]]
+  whole = f"(*({t}*){p})"
+  if not valid: return whole
+  if len(valid) == 1: return f"({valid[0]}?{whole}:({t}){{0}})"
+  return f"(({'&&'.join(valid)})?{whole}:g_masked_{t}({p}, {'|'.join(f'({v}<<{c})' for c, v in enumerate(valid))}))"
+
+
+def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:
+  return f"*({ctx.lang.type(val.dtype)}*){ctx[idx]} = {ctx[val]};" if val.dtype.count > 1 else None
+
+
+def _vector_literal(ctx: RenderContext, v: UOp) -> str:
+  lanes = v.src * v.dtype.count if len(v.src) == 1 else v.src   # one source: a broadcast
+  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(ctx[s] for s in lanes)}}})"
+
+
+def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
+  if red.dtype.count == 1: return None
+  if red.arg is not Ops.ADD: raise TypeError(f"no vector accumulator of {red.arg}")
+  return f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = ({ctx.lang.type(red.dtype)}){{0}};"
+
+
 c_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), _loop),
+  (UPat(Ops.LOAD, name="ld"), _vector_load),
+  (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
+  (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
+  (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])"),
+  (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
+  # a packed buffer (rules/opt/pack.py) is an array on the stack of the thread that fills it; the BARRIER that says
+  # it is filled is the array itself
+  (UPat(Ops.DEFINE_LOCAL, name="b"),
+   lambda ctx, b: f"{ctx.lang.type(b.dtype.base)} {ctx.names[b]}[{b.arg[1]}] __attribute__((aligned(64)));"),
+  (UPat(Ops.BARRIER, src=(UPat(Ops.DEFINE_LOCAL, name="b"),), allow_any_len=True), lambda ctx, b: ctx[b]),
   (UPat(Ops.DEFINE_ACC, src=(float_max,)),
    lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;"),
   (UPat(Ops.ASSIGN, src=(float_max,)),

@@ -128,7 +128,7 @@ cstyle_rules = PatternMatcher([
 
 # values that are named by their text rather than given a variable
 INLINE = frozenset({Ops.CONST, Ops.DEFINE_GLOBAL, Ops.INDEX})
-STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN})
+STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.DEFINE_LOCAL})
 
 
 def kernel_params(linear: UOp, lang: Language) -> list[str]:
@@ -149,6 +149,7 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
   for i, u in enumerate(linear.src):
     if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
     elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators.setdefault(u.src[0].src[-1], []).append(u.src[0])
+    elif u.op is Ops.DEFINE_LOCAL: ctx.names[u] = f"local{i}"
     elif u.op is Ops.REDUCE:  # its value is its accumulator, named at DEFINE_ACC; a target may finish it here
       if (text := rules.rewrite(u, ctx)) is not None: lines.append("  " * depth + text)
       continue

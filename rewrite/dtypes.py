@@ -13,6 +13,7 @@ class DType:
   kind: str            # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float
   cname: str
   np_name: str | None  # numpy dtype name, None where numpy has no equivalent (bfloat16)
+  count: int = 1       # lanes: a vector of `count` scalars (`vec`); 1 for a scalar
 
   @property
   def np(self) -> np.dtype | None: return None if self.np_name is None else np.dtype(self.np_name)
@@ -25,8 +26,19 @@ class DType:
   @property
   def is_bool(self) -> bool: return self.kind == 'b'
   def ptr(self, addrspace: str = "global") -> PtrDType: return _ptr(self, addrspace)
-  def __reduce__(self): return getattr, (dtypes, self.name)
+  def vec(self, count: int) -> DType:
+    """The vector of `count` lanes of this scalar type (one register of a SIMD unit); `scalar` goes back."""
+    if self.count != 1: raise TypeError(f"{self} is a vector already")
+    return self if count == 1 else _vec(self, count)
+  @property
+  def scalar(self) -> DType: return getattr(dtypes, self.name.split("x")[0]) if self.count > 1 else self
+  def __reduce__(self): return (_vec, (self.scalar, self.count)) if self.count > 1 else (getattr, (dtypes, self.name))
   def __repr__(self): return f"dtypes.{self.name}"
+
+
+@functools.cache
+def _vec(base: DType, count: int) -> DType:
+  return DType(f"{base.name}x{count}", base.itemsize * count, base.kind, f"{base.cname.replace(' ', '_')}x{count}", None, count)
 
 
 @functools.cache
@@ -46,6 +58,7 @@ class PtrDType:
   @property
   def cname(self) -> str: return f"{self.base.cname}*"
   kind = 'p'
+  count = 1
   is_float = is_int = is_unsigned = is_bool = False
   def __reduce__(self): return _ptr, (self.base, self.addrspace)
   def __repr__(self): return f"{self.base!r}.ptr({self.addrspace!r})"

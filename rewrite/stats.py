@@ -38,9 +38,12 @@ class Collector:
   stages: dict[str, StageStats] = field(default_factory=dict)
   rules: dict[tuple[str, str, str], RuleStats] = field(default_factory=dict)
   kernels: dict[str, dict[str, StageStats]] = field(default_factory=dict)  # kernel name -> its stages
+  plans: dict[str, str] = field(default_factory=dict)                     # kernel name -> its optimization plan
 
-  def add_kernel(self, name: str, stages: dict[str, StageStats]):
-    """Record what compiling one kernel cost, stage by stage (the caller collected it with a nested collect())."""
+  def add_kernel(self, name: str, stages: dict[str, StageStats], plan: str = ""):
+    """Record what compiling one kernel cost, stage by stage (the caller collected it with a nested collect()), and
+    the optimization plan it was lowered with."""
+    if plan: self.plans[name] = plan
     mine = self.kernels.setdefault(name, {})
     for st in stages.values():
       k = mine.setdefault(st.name, StageStats(st.name))
@@ -91,8 +94,8 @@ class Collector:
     if kind == "kernel":
       stage_names = list(dict.fromkeys(st for stages in self.kernels.values() for st in stages))
       rows = [(k, *(f"{stages[st].time * 1e3:.2f}/{stages[st].rewrites}" if st in stages else "" for st in stage_names),
-               f"{sum(s.time for s in stages.values()) * 1e3:.2f}") for k, stages in self.kernels.items()]
-      return tabulate(rows, headers=["kernel", *(f"{st} ms/rw" for st in stage_names), "total ms"], tablefmt="simple")
+               f"{sum(s.time for s in stages.values()) * 1e3:.2f}", self.plans.get(k, "")) for k, stages in self.kernels.items()]
+      return tabulate(rows, headers=["kernel", *(f"{st} ms/rw" for st in stage_names), "total ms", "plan"], tablefmt="simple")
     raise ValueError(f"table kind must be 'stage', 'rule' or 'kernel', not {kind!r}")
 
 

@@ -14,7 +14,8 @@ from .realize import realize_rules, kernelize_rules, group_rules, KernelizeConte
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
-from .linearize import opt_rules, linearize_rules, OptContext
+from .linearize import linearize_rules
+from .opt import OPT_STAGES, opt_context
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, HostContext
@@ -41,6 +42,7 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
+  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage
   grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
   host: HostContext | None = None  # set by the runtime before the host stages run
 
@@ -137,7 +139,7 @@ pipeline = Pipeline([
   Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
-  Stage("opt", opt_rules, "kernel", lambda run: OptContext(parallel=run.parallel)),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),

@@ -185,5 +185,5 @@ def _run_kernel(ck, handles: list, debug: int) -> None:
   dt = ck.program(*handles, global_size=ck.global_size, local_size=ck.local_size, wait=debug >= 2) or 0.0
   if debug >= 2:
     rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
-    print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}")
+    print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}  plan {ck.plan}")
   if debug >= 3: print(ck.source)

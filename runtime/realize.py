@@ -26,6 +26,7 @@ from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
 from . import extern
+from .search import lower_planned
 
 
 def debug_level() -> int:
@@ -45,6 +46,7 @@ class CompiledKernel:
   program: object = None
   global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
   local_size: tuple[int, ...] | None = None
+  plan: str = ""             # the optimization plan it was lowered with, and where the plan came from (rules/opt)
 
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
@@ -54,8 +56,8 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
     trip = trips[-1]
     if u.op is Ops.RANGE: trips.append(trip * u.src[0].arg)
     elif u.op is Ops.END: trips.pop()
-    elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip
-    elif u.op is Ops.ASSIGN: flops += trip
+    elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip * u.dtype.count
+    elif u.op is Ops.ASSIGN: flops += trip * u.dtype.count
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
@@ -80,18 +82,18 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
   if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
-    with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
-  else: linear = lower_kernel(norm, run)
+    with stats.collect(level=1) as mine: linear = lower_planned(norm, buffers, device, run)
+  else: linear = lower_planned(norm, buffers, device, run)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   body = renderer.render("KERNEL_NAME", linear)
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
-  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes)
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, plan=str(run.opt.plan) if run.opt else "")
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
   if stats.active:
-    for c in stats.active: c.add_kernel(name, mine.stages)
+    for c in stats.active: c.add_kernel(name, mine.stages, ck.plan)
   return ck
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rewrite import UOp, Ops, dtypes, graph_rewrite, stats
-from rules.linearize import linearize_rules, open_ranges, start_kernel_block
+from rules.linearize import linearize_rules, open_ranges, start_kernel_block, closed_loops
 from rules.pipeline import Run, schedule, lower_kernel
 from rules.realize import normalize
 from tensor import Tensor
@@ -55,7 +55,7 @@ def check_contract(linear: UOp):
       assert stack and stack[-1] is red.src[-1] and UOp(Ops.DEFINE_ACC, red.dtype, (red,)) in done
       assert red.src[0].op is Ops.CONST or red.src[0] in done
       done.add(u); continue
-    for s in (u.src[:1] if u.op is Ops.REDUCE else u.src):   # a REDUCE's loops are closed
+    for s in (x for x in u.src if x not in closed_loops(u)):   # a REDUCE's loops are closed, a packed buffer's fill's too
       assert s.op in (Ops.CONST, Ops.RANGE) or s in done, f"{u.op} comes before its source {s.op}"
       if s.op is Ops.RANGE: assert s in stack, f"{u.op} uses loop {s.arg} outside it"
     assert ranges[u] <= set(stack), f"{u.op} is outside some loop it uses"
@@ -196,14 +196,14 @@ def linear_matmul() -> UOp:
 
 
 def test_an_unrolled_tile_shares_one_reduction_loop():
-  # x @ W.T on a CPU: a 4x4 tile of outputs, 16 accumulators over one loop, their loads shared
+  # x @ W.T on a CPU: the heuristic's register tile (rules/opt) is several accumulators over one loop, updated last
   linear = linear_matmul()
-  ops = [u.op for u in linear.src]
-  reduce_loops = {u.src[0].src[1] for u in linear.src if u.op is Ops.DEFINE_ACC}
-  assert ops.count(Ops.DEFINE_ACC) == 16 and len(reduce_loops) == 1
+  accs = [u for u in linear.src if u.op is Ops.DEFINE_ACC]
+  reduce_loops = {u.src[0].src[1] for u in accs}
+  assert len(accs) >= 4 and len(reduce_loops) == 1
   k = reduce_loops.pop()
   body = linear.src[linear.src.index(k) + 1:linear.src.index(UOp(Ops.END, src=(k,)))]
-  assert sum(u.op is Ops.LOAD for u in body) == 8 and [u.op for u in body[-16:]] == [Ops.ASSIGN] * 16
+  assert [u.op for u in body[-len(accs):]] == [Ops.ASSIGN] * len(accs)
 
 
 def test_rewrite_stats_name_each_linearize_rule_that_fires():

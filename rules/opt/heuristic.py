@@ -1,0 +1,113 @@
+"""The default policy: a plan from the kernel's shape, without trying anything (the search in runtime/search.py
+tries candidates around it).
+
+- Every kernel: the outermost output loop runs on threads when the work under it pays for starting them.
+- A reduction: its innermost loop is vectorized by the C compiler (`simd`), as the reduction of a row.
+- A sum of products of loads (a matrix product, batched as in attention, or a linear layer), two kinds of register
+  tiles, the shape of a BLAS microkernel (the first also serves a sum down columns, `x.sum(axis=0)`):
+  - "broadcast" (A @ B with B read along the innermost output loop j): j is split into vector lanes (and unrolled
+    into two vectors), the output loop i that B does not depend on is unrolled U times: U x 2 vector accumulators;
+    each step of the reduction loads two vectors of B and broadcasts U elements of A;
+  - "dot" (x @ W.T: every load reads along the innermost reduction loop k): k is split into vector lanes, the two
+    output loops some load does not depend on are unrolled 4 x 4: 16 vector accumulators of partial sums, whose lanes
+    are added at the end.
+"""
+from __future__ import annotations
+import functools, math
+from rewrite import UOp, Ops
+from rules.symbolic import terms_of
+from rules.linearize import open_ranges, loop_work, nesting_key
+from .plan import Opt, OptKind, Plan
+
+PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
+PANEL_BYTES = 128 << 10  # a packed panel of B this large stays in the L2 cache
+
+
+def vector_width(itemsize: int) -> int:
+  """Lanes of the widest vector register this CPU has (AVX-512: 64 bytes, else AVX: 32)."""
+  return (64 if _has_avx512() else 32) // itemsize
+
+
+@functools.cache
+def _has_avx512() -> bool:
+  try:
+    with open("/proc/cpuinfo") as f: return " avx512f" in f.read()
+  except OSError: return False
+
+
+def coefficient(index: UOp, r: UOp) -> int:
+  """How far a flat index moves when loop r steps by one (0 if it does not depend on r linearly)."""
+  return sum(k for t, k in terms_of(index) if t is r)
+
+
+def loads_of(u: UOp) -> list[UOp]: return [n for n in u.toposort if n.op is Ops.LOAD]
+
+
+def heuristic_plan(sink: UOp, axes: list[UOp]) -> Plan:
+  opts: list[Opt] = []
+  ranges = open_ranges(sink)
+  axis = {r: i for i, r in enumerate(axes)}
+  tile = register_tile(sink, axes)
+  if tile: opts += tile
+  elif (simd := simd_loops(sink, ranges)): opts += [Opt(OptKind.SIMD, axis[r]) for r in simd]
+  # the loop moved outermost (a packed panel's), else the first, runs on threads
+  outer = next((o.axis for o in opts if o.kind is OptKind.INTERCHANGE and axes[o.axis].arg[0] == "out"), 0)
+  if axes and axes[outer].arg[0] == "out" and loop_work(axes[0], ranges) >= PARALLEL_WORK: opts.append(Opt(OptKind.PARALLEL, outer))
+  return Plan(tuple(opts), "heuristic")
+
+
+def simd_loops(sink: UOp, ranges) -> list[UOp]:
+  """The innermost loop of each float sum or max that has no loop inside it (today's row reductions)."""
+  out = []
+  for red in (n for n in sink.toposort if n.op is Ops.REDUCE):
+    last = red.src[-1]
+    inner = {q for qs in ranges.values() if last in qs for q in qs if nesting_key(q) > nesting_key(last)}
+    if red.dtype.is_float and not inner and red.arg in (Ops.ADD, Ops.MAX) and last not in out: out.append(last)
+  return out
+
+
+def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
+  """The opts of a register tile for a kernel of one store of a float sum of products of loads, else None."""
+  if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE: return None
+  st = sink.src[0]
+  reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
+  if len(reds) != 1 or reds[0].arg is not Ops.ADD or not reds[0].dtype.is_float or reds[0].dtype.itemsize != 4: return None
+  red = reds[0]
+  loads = loads_of(red.src[0])
+  outs = [r for r in axes if r.arg[0] == "out"]
+  if not loads or not outs or len(red.src) < 2: return None
+  n = {r: i for i, r in enumerate(axes)}
+  size = lambda r: r.src[0].arg
+  idx = [ld.src[0].src[1] for ld in loads]
+  j, k, w = outs[-1], red.src[-1], vector_width(4)
+  def unrolled(r: UOp, most: int) -> int | None:
+    return next((u for u in (8, 6, 4, 3, 2) if u <= most and size(r) % u == 0 and size(r) >= 2 * u), None)
+  along_j = [ld for ld, i in zip(loads, idx) if j in i.toposort]
+  others = [r for r in outs[:-1] if all(r not in ld.toposort for ld in along_j)]
+  panel = math.prod(size(r) for r in red.src[1:]) * w * 4
+  # a panel of B that a block of rows reads (every k, this block of columns) can be packed once per block of columns
+  packable = bool(others) and panel <= PANEL_BYTES and all(len(ld.src) == 1 for ld in along_j)
+  contiguous = all(coefficient(ld.src[0].src[1], j) == 1 for ld in along_j)
+  if coefficient(st.src[0].src[1], j) == 1 and along_j and size(j) % w == 0 and (contiguous or packable):
+    # broadcast form: the loads along j are vectors (read from a packed panel when they are strided: x @ W.T),
+    # another output loop they do not depend on is unrolled
+    rows = size(j) // w
+    vecs = 2 if rows % 2 == 0 else next(v for v in (7, 6, 5, 4, 3, 2, 1) if rows % v == 0)
+    opts = [Opt(OptKind.VECTOR, n[j], w)] + ([Opt(OptKind.UPCAST, n[j], vecs)] if vecs > 1 else [])
+    # the small reduction loops (a convolution's window) move outward: the masks of padding, which depend on them
+    # and not on the long one (the channels), are computed once per window position
+    longest = max(red.src[1:], key=size)
+    opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
+    if others and (u := unrolled(others[-1], max(1, (16 if w == 16 else 14) // vecs))):
+      opts.append(Opt(OptKind.UPCAST, n[others[-1]], u))
+      # the packed panel's loop of columns moves outermost: the rows stream A past a panel that stays in cache
+      if packable and (rows > vecs or not contiguous):
+        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs else [])
+    if contiguous or any(o.kind is OptKind.PACK for o in opts): return opts
+  if len(loads) > 1 and all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
+    # dot form: vector partial sums along k, a 4 x 4 tile of outputs
+    opts = [Opt(OptKind.VECTOR, n[k], w)]
+    for r in [r for r in outs if any(r not in i.toposort for i in idx)][-2:]:
+      if (u := unrolled(r, 4)): opts.append(Opt(OptKind.UPCAST, n[r], u))
+    return opts
+  return None

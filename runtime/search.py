@@ -1,0 +1,150 @@
+"""Choosing a kernel's optimization plan at run time: the disk cache, the search, or the heuristic.
+
+`lower_planned(norm, buffers, device, run)` lowers a normalized kernel through the pipeline with the plan that:
+1. the plan cache holds for it: `$GRAFT_CACHE_DIR/plans/<key>.json`, keyed by the kernel (its normalized graph),
+   the device, the pipeline version, this module's version and the machine (CPU model and flags): origin "cache";
+2. else, with `GRAFT_SEARCH=N`, a beam search finds: it starts from the heuristic's plan, and each round changes one
+   record of each of the N best plans so far (an unroll amount, one record fewer, a loop moved outward, a packed
+   operand, a tile) and
+   compiles and times every new candidate on fresh buffers of the kernel's sizes, until a round finds nothing
+   faster or `GRAFT_SEARCH_SECONDS` (default 20) are spent on the kernel; the winner is written to the cache:
+   origin "search";
+3. else the heuristic (rules/opt/heuristic.py) picks: origin "heuristic".
+A plan that fails to apply or to compile is skipped by the search; a cached plan that no longer fits is ignored.
+"""
+from __future__ import annotations
+import hashlib, json, os, time
+from rewrite import UOp, Ops
+from rules.pipeline import lower_kernel, Run, pipeline
+from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
+from .buffer import Buffer
+from .device import get_device, CompileError
+from . import cache
+
+VERSION = 1   # bump when a plan's meaning changes: cached plans of another version are not read
+
+
+def search_width() -> int:
+  try: return max(0, int(os.environ.get("GRAFT_SEARCH", "0") or 0))
+  except ValueError: raise ValueError(f"GRAFT_SEARCH must be a beam width (an integer), not {os.environ['GRAFT_SEARCH']!r}") from None
+
+
+def plan_key(norm: UOp, device: str) -> str:
+  from .cpu import machine_identity
+  h = hashlib.sha256()
+  for part in (str(VERSION), device, str(pipeline.version), machine_identity(), norm.pretty()): h.update(part.encode() + b"\0")
+  return h.hexdigest()
+
+
+def _plan_path(key: str):
+  d = cache.cache_dir()
+  return None if d is None else d / "plans" / f"{key}.json"
+
+
+def load_plan(key: str) -> tuple[Opt, ...] | None:
+  path = _plan_path(key)
+  try: return tuple(Opt(OptKind(k), a, n) for k, a, n in json.loads(path.read_text())["opts"]) if path else None
+  except (OSError, ValueError, KeyError, TypeError): return None
+
+
+def save_plan(key: str, opts: tuple[Opt, ...]) -> None:
+  if (path := _plan_path(key)) is None: return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(f".tmp{os.getpid()}")
+  tmp.write_text(json.dumps({"opts": [(o.kind.value, o.axis, o.amount) for o in opts]}))
+  os.replace(tmp, path)
+
+
+def given(plan: Plan):
+  def choose(sink: UOp, axes: list[UOp]) -> Plan: return plan
+  return choose
+
+
+def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None) -> tuple[UOp, OptContext]:
+  run = Run(device, parallel=not device_loops, device_loops=device_loops)
+  run.opt = OptContext(device_loops=device_loops, choose=given(plan) if plan is not None else None)
+  return lower_kernel(norm, run), run.opt
+
+
+def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
+  """The kernel's linear form, lowered with the plan from the cache, the search or the heuristic (see above)."""
+  if run.device_loops: return lower_kernel(norm, run)
+  key = plan_key(norm, device)
+  if (opts := load_plan(key)) is not None:
+    run.opt = OptContext(choose=given(Plan(opts, "cache")))
+    try: return lower_kernel(norm, run)
+    except Exception as e:
+      if not isinstance(getattr(e, "__cause__", None), InvalidPlan) and not isinstance(e, InvalidPlan): raise
+  run.opt = None
+  linear = lower_kernel(norm, run)
+  if (width := search_width()) == 0: return linear
+  best = search(norm, buffers, device, run.opt, width)
+  save_plan(key, best.opts)
+  run.opt = OptContext(choose=given(Plan(best.opts, "search")))
+  return lower_kernel(norm, run)
+
+
+# ---------------------------------------------------------------- the search
+
+def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: int = 3) -> float:
+  """Seconds one call of the kernel takes with `plan` (the best of `repeats`), on fresh buffers of its sizes."""
+  linear, _ = lower_with(norm, device, False, plan)
+  dev = get_device(device)
+  name = f"search_{hashlib.sha1(repr(plan.opts).encode()).hexdigest()[:8]}"
+  prog = dev.build(dev.renderer.source([dev.renderer.render(name, linear)]), [name])[name]
+  args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+  bufs = [Buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
+  handles = [b.handle for b in bufs]
+  prog(*handles, wait=True)   # first touch of the memory
+  return min(prog(*handles, wait=True) for _ in range(repeats))
+
+
+def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
+  """Plans one change away from `plan`."""
+  out = []
+  opts = plan.opts
+  for i, o in enumerate(opts):
+    out.append(opts[:i] + opts[i + 1:])                                  # one record fewer
+    if o.kind is OptKind.UPCAST:
+      for n in (2, 3, 4, 6, 8):
+        if n != o.amount: out.append(opts[:i] + (Opt(o.kind, o.axis, n),) + opts[i + 1:])
+  outs = [a for a, k in enumerate(kinds) if k == "out"]
+  for a in outs:
+    for kind in (OptKind.INTERCHANGE, OptKind.PACK):
+      if not any(o.kind is kind and o.axis == a for o in opts): out.append(opts + (Opt(kind, a),))
+    for n in (2, 4, 8):
+      if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts): out.append(opts + (Opt(OptKind.UPCAST, a, n),))
+    for n in (16, 32, 64, 128):
+      out.append(opts + (Opt(OptKind.SPLIT, a, n),))
+  seen, plans = set(), []
+  for p in out:
+    if p not in seen: seen.add(p); plans.append(Plan(p, "search"))
+  return plans
+
+
+def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, width: int) -> Plan:
+  axes = sorted(heuristic.axis_of, key=heuristic.axis_of.get)
+  sizes, kinds = [r.src[0].arg for r in axes], [r.arg[0] for r in axes]
+  budget = time.perf_counter() + float(os.environ.get("GRAFT_SEARCH_SECONDS", "20"))
+  timed: dict[tuple, float] = {}
+  def measure(p: Plan) -> float:
+    if p.opts not in timed:
+      try:
+        check_plan(p, axes)
+        timed[p.opts] = time_plan(norm, buffers, device, p)
+      except (InvalidPlan, CompileError, ValueError, TypeError, NotImplementedError): timed[p.opts] = float("inf")
+      except Exception as e:
+        if not isinstance(e.__cause__, (InvalidPlan, ValueError, TypeError, NotImplementedError)): raise
+        timed[p.opts] = float("inf")
+    return timed[p.opts]
+  beam = [heuristic.plan]
+  best = min(beam, key=measure)
+  while time.perf_counter() < budget:
+    candidates = [c for p in beam for c in neighbours(p, sizes, kinds) if c.opts not in timed]
+    for c in candidates:
+      if time.perf_counter() > budget: break
+      measure(c)
+    beam = [Plan(o, "search") for o in sorted(timed, key=timed.get)[:width]]
+    if timed[beam[0].opts] >= timed[best.opts]: break
+    best = beam[0]
+  return Plan(best.opts, "search")

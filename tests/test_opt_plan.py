@@ -1,0 +1,89 @@
+"""Plans as data, the heuristic's choices per kind of kernel, and where a kernel's plan comes from."""
+import os, subprocess, sys
+import numpy as np
+import pytest
+import rewrite
+from tensor import Tensor
+from rules.opt import Opt, OptKind, Plan
+from tests.opt_helpers import lowered
+
+rng = np.random.default_rng(5)
+
+
+def kinds(plan): return [o.kind for o in plan.opts]
+
+
+def test_a_plan_is_hashable_printable_data():
+  p = Plan((Opt(OptKind.VECTOR, 1, 8), Opt(OptKind.PARALLEL, 0)), "heuristic")
+  assert hash(p) == hash(Plan((Opt(OptKind.VECTOR, 1, 8), Opt(OptKind.PARALLEL, 0)), "heuristic"))
+  assert str(p) == "vector(1, 8) parallel(0) [heuristic]"
+
+
+def test_heuristic_elementwise_runs_rows_in_parallel_only():
+  _, plan = lowered(Tensor(rng.standard_normal((256, 256), dtype=np.float32)) * 2)
+  assert kinds(plan) == [OptKind.PARALLEL] and plan.origin == "heuristic"
+
+
+def test_heuristic_row_reduction_is_simd_and_parallel():
+  _, plan = lowered(Tensor(rng.standard_normal((256, 256), dtype=np.float32)).sum(axis=1))
+  assert kinds(plan) == [OptKind.SIMD, OptKind.PARALLEL]
+
+
+def test_heuristic_matmul_is_a_register_tile_over_a_packed_panel():
+  a, b = (Tensor(rng.standard_normal((128, 128), dtype=np.float32)) for _ in range(2))
+  _, plan = lowered(a @ b)
+  assert {OptKind.VECTOR, OptKind.UPCAST, OptKind.PACK, OptKind.INTERCHANGE, OptKind.PARALLEL} == set(kinds(plan))
+
+
+def test_heuristic_linear_layer_packs_w_transposed_into_panels():
+  x, w = Tensor(rng.standard_normal((64, 128), dtype=np.float32)), Tensor(rng.standard_normal((32, 128), dtype=np.float32))
+  _, plan = lowered(x @ w.permute(1, 0))
+  assert plan.opts[0].kind is OptKind.VECTOR and plan.opts[0].axis == 1   # lanes along the output row, not along k
+  assert OptKind.PACK in kinds(plan)
+
+
+def test_heuristic_long_dot_products_of_unpackable_operands_are_vector_partial_sums():
+  x = Tensor(rng.standard_normal((16, 8192), dtype=np.float32))
+  _, plan = lowered(x @ x.permute(1, 0))   # a panel over 8192 k is too big to pack
+  assert plan.opts[0] == Opt(OptKind.VECTOR, 2, plan.opts[0].amount)   # lanes along k
+  assert kinds(plan).count(OptKind.UPCAST) == 2
+
+
+def test_heuristic_convolution_moves_the_window_loops_outward():
+  x, w = Tensor(rng.standard_normal((2, 8, 16, 16), dtype=np.float32)), Tensor(rng.standard_normal((8, 8, 3, 3), dtype=np.float32))
+  _, plan = lowered(x.conv2d(w, padding=1))
+  assert OptKind.VECTOR in kinds(plan) and kinds(plan).count(OptKind.INTERCHANGE) == 2
+
+
+def test_rewrite_stats_show_the_named_opt_rules_and_the_plan_of_a_matmul():
+  a, b = (Tensor(rng.standard_normal((64, 64), dtype=np.float32)) for _ in range(2))
+  with rewrite.stats.collect() as s: (a @ b).numpy()
+  fired = {r.name for r in s.rules.values() if r.stage.startswith("opt") and r.matches}
+  assert {"attach_plan", "split_loop", "unroll_store", "vector_load", "vector_alu", "vector_reduce", "vector_store",
+          "pack_load", "interchange_loop", "mark_parallel_loop"} <= fired
+  assert "[heuristic]" in s.table("kernel")
+
+
+PROGRAM = """
+import numpy as np, rewrite
+from tensor import Tensor
+a, b = (Tensor(np.ones((32, 32), np.float32)) for _ in range(2))
+with rewrite.stats.collect() as s: (a @ b).numpy()
+print(list(s.plans.values())[0])
+"""
+
+
+def test_a_searched_plan_is_cached_on_disk_for_the_next_process(cache_env):
+  env = {**os.environ, "GRAFT_CACHE_DIR": str(cache_env), "GRAFT_SEARCH": "2", "GRAFT_SEARCH_SECONDS": "3"}
+  first = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=env)
+  assert first.returncode == 0, first.stderr
+  assert first.stdout.strip().endswith("[search]")
+  again = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=env)
+  assert again.stdout.strip() == first.stdout.strip().replace("[search]", "[cache]")
+  assert list((cache_env / "plans").glob("*.json"))
+
+
+def test_a_bad_search_width_says_so(monkeypatch):
+  from runtime.search import search_width
+  monkeypatch.setenv("GRAFT_SEARCH", "wide")
+  with pytest.raises(ValueError, match="beam width"): search_width()

@@ -1,0 +1,59 @@
+"""opt_vector: the vector loop part becomes the lanes of vector values; the C renderer writes gcc vector types."""
+import numpy as np
+from numpy.testing import assert_allclose
+from rewrite import Ops
+from tensor import Tensor
+from rules.opt import Opt, OptKind
+from tests.opt_helpers import lowered, run_with, loops
+
+rng = np.random.default_rng(2)
+a, b = rng.standard_normal((8, 32), dtype=np.float32), rng.standard_normal((32, 16), dtype=np.float32)
+V = lambda axis, n=8: Opt(OptKind.VECTOR, axis, n)
+
+
+def vector_ops(linear, op): return [u for u in linear.src if u.op is op and u.dtype.count > 1]
+
+
+def test_elementwise_lanes_are_vector_loads_math_and_stores():
+  t = Tensor(a) * 2 + 1
+  linear, _ = lowered(t, V(1))
+  assert [n for n, _ in loops(linear)] == [8, 4]
+  assert len(vector_ops(linear, Ops.LOAD)) == 1 and not any(u.op is Ops.STORE and u.src[1].dtype.count == 1 for u in linear.src)
+  assert_allclose(run_with(t, V(1)), a * 2 + 1)
+
+
+def test_matmul_lanes_along_columns_accumulate_vectors_and_broadcast_a():
+  t = Tensor(a) @ Tensor(b)
+  linear, _ = lowered(t, V(1))
+  assert [u.dtype.count for u in linear.src if u.op is Ops.DEFINE_ACC] == [8]
+  assert any(u.op is Ops.VECTORIZE and len(u.src) == 1 for u in linear.src)   # A[i, k] broadcast to all lanes
+  assert_allclose(run_with(t, V(1)), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_lanes_along_a_reduction_add_up_at_the_end():
+  t = Tensor(a).sum(axis=1)
+  linear, _ = lowered(t, V(1))
+  assert [u.dtype.count for u in linear.src if u.op is Ops.DEFINE_ACC] == [8]
+  assert sum(u.op is Ops.GEP for u in linear.src) == 8
+  assert_allclose(run_with(t, V(1)), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_strided_lanes_gather_and_scatter():
+  t = Tensor(a).permute(1, 0) + 0.5   # lanes along the output's rows read a column of a
+  linear, _ = lowered(t, V(1))
+  assert any(u.op is Ops.VECTORIZE and len(u.src) == 8 for u in linear.src)
+  assert_allclose(run_with(t, V(1)), a.T + 0.5)
+
+
+def test_ops_without_a_vector_form_run_lane_by_lane():
+  t = (Tensor(a) * 2).maximum(0.0).exp()
+  assert_allclose(run_with(t, V(1)), np.exp(np.maximum(a * 2, 0)), rtol=1e-5)
+
+
+def test_masked_loads_of_padding_keep_a_validity_per_lane():
+  x, w = rng.standard_normal((1, 2, 8, 8), dtype=np.float32), rng.standard_normal((3, 2, 3, 3), dtype=np.float32)
+  t = Tensor(x).conv2d(Tensor(w), padding=1)
+  linear, plan = lowered(t, V(2))
+  assert any(u.op is Ops.LOAD and u.dtype.count == 8 and len(u.src) == 9 for u in linear.src)
+  from tests.test_opt_fuzz import conv_np
+  assert_allclose(run_with(t, V(2)), conv_np(x, w, 1), rtol=1e-4, atol=1e-4)
