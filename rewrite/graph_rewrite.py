@@ -293,12 +293,21 @@ def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
   return out
 
 
+def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None:
+  mapping, replacements = ctx
+  if u in replacements: return None  # a replacement may contain the node it replaces: it stays as it is
+  for s in u.src:
+    if s in mapping: return u.replace(src=tuple(mapping.get(x, x) for x in u.src))
+  return None
+
+
+# one matcher for every substitute() call: the mapping travels in the context, so nothing is compiled per call
+_substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_nodes)], name="substitute")
+
+
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
   """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
   a replaced node are rebuilt over the replacement, nothing else changes."""
   if not mapping: return root
   if root in mapping: return mapping[root]
-  replacements = set(mapping.values())
-  rebuild = PatternMatcher([(UPat(name="u"), lambda u: u.replace(src=tuple(mapping.get(s, s) for s in u.src))
-                             if u not in replacements and any(s in mapping for s in u.src) else None)])
-  return graph_rewrite(root, rebuild, name=name)
+  return graph_rewrite(root, _substitute_rules, (mapping, set(mapping.values())), name=name)
