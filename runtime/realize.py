@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib, os, time, weakref
 from dataclasses import dataclass, field
 from rewrite import UOp, Ops, stats
-from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.0, 1 and True differ
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.gpu import launch_dims
@@ -105,25 +104,21 @@ _plans: dict[tuple, tuple[list, _Plan]] = {}
 MAX_PLANS = 256
 
 
-def graph_key(uops: list[UOp]) -> tuple[tuple, list]:
-  """(the structure of the graphs `uops`, with buffers by identity; the buffers)."""
-  index: dict[UOp, int] = {}
-  parts, buffers = [], []
-  for root in uops:
-    for n in root.toposort:
-      if n in index: continue
-      if n.op is Ops.BUFFER: buffers.append(n.arg); arg = ("buffer", id(n.arg))
-      else: arg = _arg_key(n.arg)
-      index[n] = len(parts)
-      parts.append((n.op, n.dtype, tuple(index[x] for x in n.src), arg))
-  return tuple(parts) + tuple(index[u] for u in uops), buffers
+def graph_key(uops: list[UOp]) -> tuple[int, ...]:
+  """The structure of the graphs `uops`, buffers by identity: numbers the UOps keep (UOp.structure), so a warm call
+  pays only for the nodes it built anew, and nothing walks a graph already numbered."""
+  return tuple(u.structure for u in uops)
+
+
+def input_buffers(uops: list[UOp]) -> list:
+  """The existing buffers the graphs read (a cached plan holds them weakly: it is void once one is gone)."""
+  return list(dict.fromkeys(n.arg for root in uops for n in root.toposort if n.op is Ops.BUFFER))
 
 
 def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
-  structure, buffers = graph_key(uops)
-  key = (structure, tuple(devices), pipeline.version)
+  key = (graph_key(uops), tuple(devices), pipeline.version)
   hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]): return _instantiate(hit[1])
@@ -131,7 +126,7 @@ def build_schedule(outputs: list[tuple[UOp, str]]) -> Schedule:
   if len(_plans) >= MAX_PLANS:
     for k in [k for k, (refs, _) in _plans.items() if any(r() is None for r in refs)] or list(_plans)[:MAX_PLANS // 2]:
       del _plans[k]
-  _plans[key] = ([weakref.ref(b) for b in buffers], plan)
+  _plans[key] = ([weakref.ref(b) for b in input_buffers(uops)], plan)
   return _instantiate(plan)
 
 
