@@ -8,8 +8,8 @@ is watched: a rewrite that returns to a node still waiting on its own rewrite is
 waiting on one another is a rewrite that grows forever; both raise RewriteLoopError naming the rules.
 """
 from __future__ import annotations
-import gc, time
-from typing import Any
+import contextlib, gc, time
+from typing import Any, Callable, Iterator
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
 from .upat import UPat
@@ -291,6 +291,29 @@ def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
       return None
     out[op] = dispatch
   return out
+
+
+@contextlib.contextmanager
+def rewrite_each(matcher: PatternMatcher, stage: str, nodes: int = 0) -> Iterator[Callable]:
+  """For a stage that applies `matcher` to nodes itself rather than through graph_rewrite (a renderer maps each
+  instruction of a list to its text): yields `rewrite(u, ctx)`, the first rule's result for u, and records the
+  stage's statistics like graph_rewrite does (one call of `nodes` nodes; per rule at REWRITE_STATS=2)."""
+  if not stats.active:
+    yield matcher.rewrite
+    return
+  dispatch = _timed_dispatch(matcher, stage) if stats.level() >= 2 else matcher.dispatch
+  get, fired = dispatch.get, [0]
+  def rewrite(u: UOp, ctx=None):
+    r = None if (fn := get(u.op)) is None else fn(u, ctx)
+    if r is not None: fired[0] += 1
+    return r
+  t0 = time.perf_counter()
+  try: yield rewrite
+  finally:
+    elapsed = time.perf_counter() - t0
+    for c in stats.active:
+      st = c.stage(stage)
+      st.calls += 1; st.rewrites += fired[0]; st.time += elapsed; st.nodes_in += nodes; st.nodes_out += fired[0]
 
 
 def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None:

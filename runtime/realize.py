@@ -7,7 +7,7 @@ graph rebuilt every call reuses its compiled kernels.
 DEBUG=1 prints one line per realize, DEBUG=2 one line per kernel, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import hashlib, os, time, weakref
+import contextlib, hashlib, os, time, weakref
 from dataclasses import dataclass, field
 from rewrite import UOp, Ops, stats
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
@@ -59,12 +59,12 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = get_device(device).renderer
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
-    with stats.collect(level=1) as mine: linear = lower_kernel(norm, run)
-  else: linear = lower_kernel(norm, run)
+  # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
+  with stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
+    linear = lower_kernel(norm, run)
+    body = renderer.render("KERNEL_NAME", linear)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
-  body = renderer.render("KERNEL_NAME", linear)
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
