@@ -89,11 +89,21 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
         rewrites += k
         return f
       d = depth + 1
-      if len(src) == 2: new_src = (visit(src[0], d), visit(src[1], d))
-      elif len(src) == 1: new_src = (visit(src[0], d),)
+      # a source already finished, or a leaf no rule is for (half the nodes of an expression tree), costs no call
+      if len(src) == 2:
+        a, b = src
+        if (fa := done_get(a)) is None: fa = a if not a.src and get(a.op) is None else visit(a, d)
+        if (fb := done_get(b)) is None: fb = b if not b.src and get(b.op) is None else visit(b, d)
+        new_src = (fa, fb)
+      elif len(src) == 1:
+        a = src[0]
+        if (fa := done_get(a)) is None: fa = a if not a.src and get(a.op) is None else visit(a, d)
+        new_src = (fa,)
       else:
         new = []
-        for s in src: new.append(visit(s, d))
+        for s in src:
+          if (f := done_get(s)) is None: f = s if not s.src and get(s.op) is None else visit(s, d)
+          new.append(f)
         new_src = tuple(new)
       if new_src == src: nn = n
       else:
