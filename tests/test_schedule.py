@@ -56,3 +56,12 @@ def test_a_kernel_that_reads_another_is_not_merged_into_it():
   sched = build_schedule([(first.uop, x.device), (second.uop, x.device)])
   assert sum(s.kernel is not None for s in sched.steps) == 2
   assert any("would make a cycle" in e for e in sched.explanations)
+
+
+def test_independent_kernels_of_one_shape_merge_and_their_reader_runs_after():
+  a, b = (x + 1).contiguous(), (y * 2).contiguous()  # need nothing of each other: one kernel with two stores
+  out = a + b                                        # reads both: a kernel of its own, after theirs
+  sched = build_schedule([(out.uop, x.device)])
+  assert sum(s.kernel is not None for s in sched.steps) == 2
+  assert any("fused into one kernel" in e for e in sched.explanations)
+  np.testing.assert_allclose(out.numpy(), (x.numpy() + 1) + y.numpy() * 2, rtol=1e-6)
