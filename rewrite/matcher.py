@@ -7,7 +7,7 @@ the rules' order among the rules that can still match), so a node usually meets 
 it. The generated source is kept (`PatternMatcher.source(op)`) for whoever wants to read it.
 """
 from __future__ import annotations
-import inspect, itertools, re, time
+import inspect, itertools, time
 from dataclasses import dataclass
 from typing import Any, Callable
 from .ops import Ops
@@ -158,7 +158,6 @@ class _Codegen:
 # checks, breadth first so that the cheapest tests (ops of the root's sources) come first and a failing rule costs a
 # few bytecodes. Patterns with an every-source UPat, or too many orderings, use _Codegen's loops.
 _MAX_ORDERINGS = 24
-_MAX_INLINED_OPS = 8  # up to this many root ops, rewrite() tests the op inline rather than looking it up
 
 
 def _orderings(p: UPat) -> int:
@@ -350,32 +349,14 @@ class PatternMatcher:
       for op in (Ops if ops is None else ops): by_op.setdefault(op, []).append(rule)
     self.rules_for = by_op
     self._sources: dict[Ops, str] = {}
-    self._consts: dict[Ops, dict[str, Any]] = {}
     self.dispatch: dict[Ops, Callable] = {op: self._compile_op(op, rules, timed=False) for op, rules in by_op.items()}
-    if 0 < len(by_op) <= _MAX_INLINED_OPS: rewrite = self._compile_rewrite()
-    else:
-      get = self.dispatch.get
-      def rewrite(u, ctx=None):
-        fn = get(u.op)
-        return None if fn is None else fn(u, ctx)
+    get = self.dispatch.get
+    def rewrite(u, ctx=None):
+      fn = get(u.op)
+      return None if fn is None else fn(u, ctx)
     rewrite.__doc__ = PatternMatcher.rewrite.__doc__
     self.rewrite = rewrite  # a plain function: calling it skips the attribute lookups of the method (hot in loops)
     self._timed: dict[Ops, list[tuple[Rule, Callable]]] | None = None
-
-  def _compile_rewrite(self) -> Callable:
-    """rewrite(u, ctx) as one function holding every op's matching code behind a test of the op: one call per node
-    where a dict lookup and a second call would cost more than a few `is` tests (few root ops)."""
-    lines, namespace = ["def rewrite(u, ctx=None):", "  op = u.op"], {}
-    for i, op in enumerate(self.dispatch):
-      # each op's function is renamed apart: its constants become _o{i}_k..., its rule functions _o{i}_fn...
-      body = re.sub(r"\b(_k\d+|_fn\d+|_ONCE)\b", lambda m: f"_o{i}{m.group(1)}", self._sources[op]).split("\n")[1:]
-      namespace.update({f"_o{i}{k}": v for k, v in self._consts[op].items()})
-      namespace[f"_op{i}"] = op
-      lines.append(f"  {'if' if i == 0 else 'elif'} op is _op{i}:")
-      lines += ["  " + line for line in body]
-    lines.append("  return None")
-    exec(compile("\n".join(lines), f"<PatternMatcher rewrite>", "exec"), namespace)
-    return namespace["rewrite"]
 
   def _compile_op(self, op: Ops, rules: list[Rule], timed: bool) -> Callable:
     consts: dict[str, Any] = {"_ONCE": (None,)}
@@ -445,7 +426,7 @@ class PatternMatcher:
     lines.append("  return None")
     consts.pop("__ids__", None)
     src = "\n".join(lines)
-    if not timed: self._sources[op], self._consts[op] = src, dict(consts)
+    if not timed: self._sources[op] = src
     namespace = dict(consts)
     exec(compile(src, f"<PatternMatcher {op.name}>", "exec"), namespace)
     return namespace["match"]

@@ -27,26 +27,16 @@ _cache: dict[tuple, weakref.ReferenceType] = {}
 _KEEP = object()  # replace(): "field not given" (None is a real arg)
 
 
-class _Interned(type):
-  """UOp's metaclass: `UOp(op, dtype, src, arg)` is this one call, which returns the live equal node or makes it.
-  One Python call per construction (no __new__ and __init__ behind type.__call__): construction is a hot path."""
-  def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple = (), arg: Any = None) -> UOp:
-    if src.__class__ is not tuple: src = tuple(src)  # a list would not hash, and must not be shared mutable
-    key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
-    if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
-    u = _new_fields(_UOpFields)
-    u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
-    u.__class__ = UOp
-    _cache[key] = _weakref(u)
-    return u
-
-
-class UOp(_UOpFields, metaclass=_Interned):
+class UOp(_UOpFields):
   __slots__ = ()
   op: Ops
   dtype: DType
   src: tuple[UOp, ...]
   arg: Any
+
+  def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    # a list would not hash, and must not be shared mutable
+    return _make(op, dtype, src if src.__class__ is tuple else tuple(src), arg)
 
   def __setattr__(self, name, value): raise AttributeError(f"UOp is immutable: cannot set {name!r}; build a new one with .replace()")
   def __delattr__(self, name): raise AttributeError(f"UOp is immutable: cannot delete {name!r}")
