@@ -7,6 +7,10 @@
 
 Rows:
   sched_mlp  schedule + codegen of an 8-layer MLP forward, x (256, 1024) -> 8x relu(x @ W + b), W (1024, 1024).
+  sched_mlp64  the same MLP with 64 layers: scheduling and codegen must scale linearly (the note under the table
+             gives its time over sched_mlp's; Graft's aim is at most 8.5).
+  sched_1000 schedule + codegen of a chain of 1,000 kernels ((x * 2 + 1).contiguous(), 16x16): one kernel, rendered
+             once, so this is the scheduler's cost per kernel (Graft's aim: under 2 s).
   sched_tfm  schedule + codegen of one transformer block forward: x (128, 512), 8 heads of 64, pre-layernorm (with
              gain and bias), attention with q/k/v/out projections, GELU MLP 512 -> 2048 -> 512, two residuals.
   sym        symbolic simplification of 10,000 distinct index expressions, each the (index, validity) pair of a
@@ -39,9 +43,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ---- the models, written once against either Tensor API ----
 
-def mlp8(param):
-  x = param((256, 1024))
-  for _ in range(8): x = (x @ param((1024, 1024)) + param((1024,))).relu()
+def mlp(layers: int):
+  def model(param):
+    x = param((256, 1024))
+    for _ in range(layers): x = (x @ param((1024, 1024)) + param((1024,))).relu()
+    return x
+  return model
+
+
+def chain_of_kernels(param, n=1000):
+  """n kernels in a row, each reading the one before: the scheduler's cost per kernel, free of codegen (all n are one
+  kernel over other buffers, rendered once)."""
+  x = param((16, 16))
+  for _ in range(n): x = (x * 2 + 1).contiguous()
   return x
 
 
@@ -57,7 +71,8 @@ def transformer_block(param, seq=128, d=512, heads=8):
   return x + dense(dense(norm(x), d, 4 * d).gelu(), 4 * d, d)
 
 
-MODELS = {"sched_mlp": mlp8, "sched_tfm": transformer_block}
+MODELS = {"sched_mlp": mlp(8), "sched_tfm": transformer_block, "sched_mlp64": mlp(64), "sched_1000": chain_of_kernels}
+SLOW_ROWS = {"sched_mlp64": 3, "sched_1000": 3}  # at most this many repeats: one schedule takes seconds in a peer
 
 
 # ---- each compiler's front end: parameters, and schedule + codegen without compiling ----
@@ -221,7 +236,7 @@ def measure(row: str, variant: str, repeats: int, count: int, timeout: float) ->
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--only", default="", help="comma-separated rows: sched_mlp, sched_tfm, sym")
+  ap.add_argument("--only", default="", help="comma-separated rows: sched_mlp, sched_tfm, sched_mlp64, sched_1000, sym")
   ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 300 expressions")
   ap.add_argument("--repeats", type=int, default=None, help="repeats after the first (sched rows; default 10)")
   ap.add_argument("--sets", type=int, default=None, help="expression sets for sym (default 3; tinygrad 1)")
@@ -235,7 +250,7 @@ def main(argv=None):
     row, name = args.worker
     return report(lambda: worker(row, name, args.repeats, count))
 
-  rows = [s.strip() for s in args.only.split(",") if s.strip()] or ["sched_mlp", "sched_tfm", "sym"]
+  rows = [s.strip() for s in args.only.split(",") if s.strip()] or ["sched_mlp", "sched_tfm", "sched_mlp64", "sched_1000", "sym"]
   if (bad := [r for r in rows if r not in (*MODELS, "sym")]): ap.error(f"--only: no row {', '.join(bad)}")
   variants = ["graft"]
   if not args.no_tinygrad:
@@ -249,13 +264,13 @@ def main(argv=None):
   sets = args.sets or (1 if args.quick else 3)
 
   from tabulate import tabulate
-  table, notes = [], []
+  table, notes, results = [], [], {}
   for row in rows:
     res: dict[str, dict | None] = {}
     for v in variants:
       if row == "sym" and v == "tinygrad NOOPT": res[v] = None; continue
       t0 = time.perf_counter()
-      n = repeats if row in MODELS else sets if v == "graft" else min(sets, 1)
+      n = min(repeats, SLOW_ROWS.get(row, repeats)) if row in MODELS else sets if v == "graft" else min(sets, 1)
       res[v], err = measure(row, v, n, count, args.timeout)
       print(f"  {row:<10s} {v:<15s} {time.perf_counter() - t0:7.1f} s{'  ' + err if err else ''}", file=sys.stderr)
       if err: notes.append(f"{row}, {v}: {err}")
@@ -277,10 +292,15 @@ def main(argv=None):
         ", ".join(f"{v} {r['nodes']:.1f} ({r['sets']} set{'s' if r['sets'] > 1 else ''})" for v, r in done.items()) \
         if done else ""
     table.append([row, unit] + [c for v in variants for c in cells(res[v])] + ratios + [detail])
+    results[row] = res
   headers = ["id", "unit"] + [f"{v} {w}" for v in variants for w in ("first", "median")] + [f"graft/{p}" for p in peers]
   print(tabulate(table, headers=headers + ["detail"], tablefmt="github", disable_numparse=True))
   print(f"sched rows: the first schedule + codegen in a fresh process, then the median of {repeats} more; sym: the rate "
         f"of the first set and the median over sets; graft/x: the speed ratio (above 1: Graft faster)")
+  if "sched_mlp" in results and "sched_mlp64" in results:  # linear scaling: 8x the layers should cost about 8x
+    scale = [f"{v} {r64['median'] / r8['median']:.2f}x" for v in variants
+             if (r8 := results["sched_mlp"][v]) and (r64 := results["sched_mlp64"][v]) and r8["median"] and r64["median"]]
+    print(f"sched_mlp64 / sched_mlp (median over median): {', '.join(scale)}")
   for n in notes: print(f"  ! {n}")
   sys.stdout.flush()
 

@@ -9,7 +9,7 @@ variable of their own.
 from __future__ import annotations
 import math, re
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, DType, PtrDType, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, DType, PtrDType, dtypes, rewrite_each
 
 
 @dataclass
@@ -140,6 +140,11 @@ def kernel_params(linear: UOp, lang: Language) -> list[str]:
 def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language, prefix_lines=None) -> str:
   """The text of one kernel from its linear instruction list (a SINK with arg "linear")."""
   if linear.arg != "linear": raise ValueError("render_kernel takes the output of the linearize stage")
+  with rewrite_each(rules, "render", len(linear.src)) as rewrite:  # REWRITE_STATS sees the renderer's rules too
+    return _render_lines(name, linear, rewrite, lang, prefix_lines)
+
+
+def _render_lines(name: str, linear: UOp, rewrite, lang: Language, prefix_lines) -> str:
   ctx = RenderContext(lang)
   lines: list[str] = []
   helpers: list[str] = []
@@ -151,9 +156,9 @@ def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language,
     elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators.setdefault(u.src[0].src[-1], []).append(u.src[0])
     elif u.op is Ops.DEFINE_LOCAL: ctx.names[u] = f"local{i}"
     elif u.op is Ops.REDUCE:  # its value is its accumulator, named at DEFINE_ACC; a target may finish it here
-      if (text := rules.rewrite(u, ctx)) is not None: lines.append("  " * depth + text)
+      if (text := rewrite(u, ctx)) is not None: lines.append("  " * depth + text)
       continue
-    text = rules.rewrite(u, ctx)
+    text = rewrite(u, ctx)
     if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")
     if u.op is Ops.END: depth -= 1
     if outlining is not None and u.op is Ops.END and u.src[0] is outlining[0]:

@@ -9,8 +9,8 @@ waiting on one another is a rewrite that grows forever; both raise RewriteLoopEr
 node was rewritten to. A rule that raises, or returns something other than a UOp or None, raises RuleError naming it.
 """
 from __future__ import annotations
-import gc, threading, time
-from typing import Any
+import contextlib, gc, threading, time
+from typing import Any, Callable, Iterator
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
 from .upat import UPat
@@ -114,11 +114,21 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
         rewrites += k
         return f
       d = depth + 1
-      if len(src) == 2: new_src = (visit(src[0], d), visit(src[1], d))
-      elif len(src) == 1: new_src = (visit(src[0], d),)
+      # a source already finished, or a leaf no rule is for (half the nodes of an expression tree), costs no call
+      if len(src) == 2:
+        a, b = src
+        if (fa := done_get(a)) is None: fa = a if not a.src and get(a.op) is None else visit(a, d)
+        if (fb := done_get(b)) is None: fb = b if not b.src and get(b.op) is None else visit(b, d)
+        new_src = (fa, fb)
+      elif len(src) == 1:
+        a = src[0]
+        if (fa := done_get(a)) is None: fa = a if not a.src and get(a.op) is None else visit(a, d)
+        new_src = (fa,)
       else:
         new = []
-        for s in src: new.append(visit(s, d))
+        for s in src:
+          if (f := done_get(s)) is None: f = s if not s.src and get(s.op) is None else visit(s, d)
+          new.append(f)
         new_src = tuple(new)
       if new_src == src: nn = n
       else:
@@ -346,12 +356,44 @@ def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
   return out
 
 
+@contextlib.contextmanager
+def rewrite_each(matcher: PatternMatcher, stage: str, nodes: int = 0) -> Iterator[Callable]:
+  """For a stage that applies `matcher` to nodes itself rather than through graph_rewrite (a renderer maps each
+  instruction of a list to its text): yields `rewrite(u, ctx)`, the first rule's result for u, and records the
+  stage's statistics like graph_rewrite does (one call of `nodes` nodes; per rule at REWRITE_STATS=2)."""
+  if not stats.active:
+    yield matcher.rewrite
+    return
+  dispatch = _timed_dispatch(matcher, stage) if stats.level() >= 2 else matcher.dispatch
+  get, fired = dispatch.get, [0]
+  def rewrite(u: UOp, ctx=None):
+    r = None if (fn := get(u.op)) is None else fn(u, ctx)
+    if r is not None: fired[0] += 1
+    return r
+  t0 = time.perf_counter()
+  try: yield rewrite
+  finally:
+    elapsed = time.perf_counter() - t0
+    for c in stats.active:
+      st = c.stage(stage)
+      st.calls += 1; st.rewrites += fired[0]; st.time += elapsed; st.nodes_in += nodes; st.nodes_out += fired[0]
+
+
+def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None:
+  mapping, replacements = ctx
+  if u in replacements: return None  # a replacement may contain the node it replaces: it stays as it is
+  for s in u.src:
+    if s in mapping: return u.replace(src=tuple(mapping.get(x, x) for x in u.src))
+  return None
+
+
+# one matcher for every substitute() call: the mapping travels in the context, so nothing is compiled per call
+_substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_nodes)], name="substitute")
+
+
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
   """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
   a replaced node are rebuilt over the replacement, nothing else changes."""
   if not mapping: return root
   if root in mapping: return mapping[root]
-  replacements = set(mapping.values())
-  rebuild = PatternMatcher([(UPat(name="u"), lambda u: u.replace(src=tuple(mapping.get(s, s) for s in u.src))
-                             if u not in replacements and any(s in mapping for s in u.src) else None)])
-  return graph_rewrite(root, rebuild, name=name)
+  return graph_rewrite(root, _substitute_rules, (mapping, set(mapping.values())), name=name)

@@ -331,7 +331,14 @@ class PatternMatcher:
     pm._compile()
     return pm
 
-  def __add__(self, other: PatternMatcher) -> PatternMatcher: return PatternMatcher._from_rules(self.rules + other.rules)
+  def __add__(self, other: PatternMatcher) -> PatternMatcher:
+    # a sum written where it is used (`target_rules + cstyle_rules` in a render call) compiles once, not per call
+    sums = self.__dict__.setdefault("_sums", {})
+    if (hit := sums.get(id(other))) is not None and hit[0] is other: return hit[1]
+    out = PatternMatcher._from_rules(self.rules + other.rules)
+    out.name = f"{self.name}+{other.name}" if self.name and other.name else None
+    sums[id(other)] = (other, out)
+    return out
   def __len__(self): return len(self.rules)
   def __repr__(self): return f"<PatternMatcher {self.name or ''} of {len(self.rules)} rules>"
 

@@ -54,12 +54,21 @@ class UPat:
       if not isinstance(s, UPat): raise ValueError(f"{caller_location()}: UPat source {s!r} is not a UPat")
 
   # ---- constructors ----
+  # The short forms take every argument of the long form but the one they fix (the op, or the arg of const):
+  # `UPat.cvar("c", arg=1000)` pins a constant's value and still binds it to a name.
   @staticmethod
-  def var(name: str | None = None, dtype: DType | tuple | None = None) -> UPat: return UPat(dtype=dtype, name=name)
+  def var(name: str | None = None, dtype: DType | tuple | None = None, src: tuple | list | UPat | None = None,
+          arg: Any = _ANY, allow_any_len: bool = False) -> UPat:
+    """Any node (of `dtype`, with `src`, with `arg` when given), bound to `name`."""
+    return UPat(None, dtype, src, arg, name, allow_any_len)
   @staticmethod
-  def cvar(name: str | None = None, dtype: DType | tuple | None = None) -> UPat: return UPat(Ops.CONST, dtype, name=name)
+  def cvar(name: str | None = None, dtype: DType | tuple | None = None, arg: Any = _ANY) -> UPat:
+    """A constant (of `dtype`, of value `arg` when given), bound to `name`."""
+    return UPat(Ops.CONST, dtype, arg=arg, name=name)
   @staticmethod
-  def const(dtype: DType | tuple | None, value) -> UPat: return UPat(Ops.CONST, dtype, arg=value)
+  def const(dtype: DType | tuple | None, value, name: str | None = None) -> UPat:
+    """The constant `value` (of `dtype` when not None), bound to `name` when given."""
+    return UPat(Ops.CONST, dtype, arg=value, name=name)
   @staticmethod
   def any(*pats: UPat) -> UPat:
     """Matches when any of `pats` matches, tried in order."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import realize_rules, kernelize_rules, group_rules, KernelizeContext, GroupDecisions
+from .realize import realize_rules, kernelize_rules, group_rules, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -53,7 +53,8 @@ def _kernelize_ctx(run: Run) -> KernelizeContext:
 
 
 def _group_ctx(run: Run) -> GroupDecisions:
-  run.group = GroupDecisions()
+  # kernels keep the numbers the kernelize stage's explanations gave them
+  run.group = GroupDecisions(numbers={k: i for i, k in enumerate(run.kernelize.kernels)} if run.kernelize else {})
   return run.group
 
 
@@ -152,7 +153,8 @@ def schedule(outputs: list[UOp], devices: list[str], run: Run) -> tuple[list[UOp
   sink = UOp(Ops.SINK, src=tuple(outputs), arg=tuple(devices))
   realized = pipeline.run(sink, "graph", run)
   run.outputs = tuple(u.src[0] for u in realized.src)
-  kernels = pipeline.run(UOp(Ops.SINK, src=tuple(run.kernelize.kernels)), "schedule", run).src
+  # the order the kernels run in is a toposort of the kernel graph, not the order in which the rules happened to fire
+  kernels = pipeline.run(UOp(Ops.SINK, src=tuple(in_dependency_order(run.kernelize.kernels))), "schedule", run).src
   return list(kernels), list(realized.src)
 
 

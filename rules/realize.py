@@ -8,11 +8,13 @@ reduction fuses with the elementwise work before and after it. Constants are nev
 
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
 `VIEW(BUFFER)` of a new buffer and records the kernel `KERNEL(STORE(VIEW(BUFFER), x))` that fills it, and each
-`COPY` by a new buffer and a copy record. Bottom-up order means a kernel is recorded after the kernels it reads
-from: `ctx.kernels` is a valid execution order.
+`COPY` by a new buffer and a copy record. The order of the records means nothing: the schedule runs the kernels in
+a toposort of the kernel graph (`in_dependency_order`: a kernel after the kernels whose buffers it reads).
 
-Stage `group` (rule `group_outputs`) merges kernels of one output shape and device into one kernel with several
-stores, unless one depends on the other (that would be a cycle): every refused merge is recorded with its reason.
+Stage `group` (rule `group_outputs`) merges the kernels of one output shape, device and depth in the kernel graph
+into one kernel with several stores; kernels of one depth never need one another, so no merge makes a cycle. The
+candidates come from an index, never from trying pairs (linear in the number of kernels); a kernel that reads one
+of its own shape is refused with its reason.
 """
 from __future__ import annotations
 import itertools, sys
@@ -169,41 +171,79 @@ def buffers_written(k: UOp) -> frozenset[UOp]:
   return frozenset(st.src[0].src[0] for st in k.src) if k.op is Ops.KERNEL else frozenset({k.src[0]})
 
 
+def kernel_depths(kernels) -> dict[UOp, int]:
+  """Each kernel's depth in the kernel graph (kernel -> the kernels whose buffers it reads): 0 when it reads no
+  buffer another kernel writes, else one more than the deepest of those. A kernel is deeper than every kernel it
+  needs, directly or not, so kernels of one depth never need one another. Linear: the writer of each buffer is
+  found through an index, and each kernel's graph is walked once."""
+  writer = {b: k for k in kernels for b in buffers_written(k)}
+  needs = {k: [writer[b] for b in buffers_read(k) if b in writer] for k in kernels}
+  depth: dict[UOp, int] = {}
+  for k in kernels:
+    stack = [k]
+    while stack:  # iterative: a chain of thousands of kernels is no concern
+      n = stack[-1]
+      if n in depth: stack.pop(); continue
+      if todo := [d for d in needs[n] if d not in depth]: stack.extend(todo); continue
+      depth[n] = 1 + max((depth[d] for d in needs[n]), default=-1)
+      stack.pop()
+  return depth
+
+
+def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
+  """The kernels in an order they can run in: a toposort of the kernel graph, by depth (ties keep the given order)."""
+  depth = kernel_depths(kernels)
+  return sorted(kernels, key=depth.__getitem__)
+
+
 @dataclass
 class GroupDecisions:
-  """Why kernels were or were not merged (read by DEBUG=2 and the statistics)."""
+  """Why kernels were or were not merged (read by DEBUG=2 and the statistics). Kernels are numbered by their place in
+  the schedule the group stage first saw; a merged kernel keeps the number of its first member."""
   refused: list[str] = field(default_factory=list)
   merged: list[str] = field(default_factory=list)
+  numbers: dict[UOp, int] = field(default_factory=dict)
+  said: set[str] = field(default_factory=set)
+
+  def note(self, to: list[str], why: str):
+    if why not in self.said: self.said.add(why); to.append(why)
 
 
-def group_outputs(schedule: UOp, ctx: GroupDecisions) -> UOp | None:
-  """Merge two kernels with one output shape and device, where the order of the schedule allows it.
+def _group_key(k: UOp) -> tuple | None:
+  """What kernels must share to become one: device and output shape (a copy is never merged)."""
+  return (k.arg, kernel_output_shape(k)) if k.op is Ops.KERNEL else None
 
-  Kernel j joins kernel i (i < j) at i's place if j reads nothing written by kernels i..j-1, or at j's place if no
-  kernel between them reads what i writes. If j needs i's result, merging would make a cycle: refused, with why."""
-  kernels = list(schedule.src)
-  # each kernel's graph is walked once for all the pairs it is in (a cache beyond this call would keep buffers alive)
-  reads, writes = {k: buffers_read(k) for k in kernels}, {k: buffers_written(k) for k in kernels}
-  for i, j in itertools.combinations(range(len(kernels)), 2):
-    a, b = kernels[i], kernels[j]
-    if a.op is not Ops.KERNEL or b.op is not Ops.KERNEL or a.arg != b.arg: continue
-    if kernel_output_shape(a) != kernel_output_shape(b): continue
-    between = kernels[i + 1:j]
-    needs_a = set(writes[a])  # what a writes, and what kernels that read it write, transitively
-    for k in between:
-      if reads[k] & needs_a: needs_a |= writes[k]
-    if reads[b] & needs_a:
-      reason = f"kernel {j} was not fused into kernel {i}: it reads what kernel {i} writes (fusing would make a cycle)"
-      if reason not in ctx.refused: ctx.refused.append(reason)
-      continue
-    merged = UOp(Ops.KERNEL, a.dtype, a.src + b.src, a.arg)
-    written_between = set().union(*(writes[k] for k in between)) if between else set()
-    if not reads[b] & written_between: order = kernels[:i] + [merged] + between + kernels[j + 1:]
-    elif not any(reads[k] & writes[a] for k in between): order = kernels[:i] + between + [merged] + kernels[j + 1:]
-    else: continue
-    ctx.merged.append(f"kernels {i} and {j} store to one shape {kernel_output_shape(a)}: fused into one kernel")
-    return schedule.replace(src=tuple(order))
-  return None
+
+def group_outputs(ctx: GroupDecisions, schedule: UOp) -> UOp | None:
+  """Merge the kernels of one output shape, device and depth into one kernel with several stores.
+
+  Candidates come from an index (group key and depth -> kernels), never from trying pairs: kernels of one depth never
+  need one another, so merging them cannot make a cycle, and the merged kernel takes the place of its first member
+  in a schedule ordered by depth. A kernel that reads a kernel of its own key is refused, with why."""
+  kernels = schedule.src
+  for i, k in enumerate(kernels): ctx.numbers.setdefault(k, i)
+  depth = kernel_depths(kernels)
+  writer = {b: k for k in kernels for b in buffers_written(k)}
+  groups: dict[tuple, list[UOp]] = {}
+  for k in kernels:
+    if (key := _group_key(k)) is None: continue
+    groups.setdefault((key, depth[k]), []).append(k)
+    for b in buffers_read(k):
+      if (w := writer.get(b)) is not None and _group_key(w) == key:
+        ctx.note(ctx.refused, f"kernel {ctx.numbers[k]} was not fused into kernel {ctx.numbers[w]}: it reads what kernel "
+                              f"{ctx.numbers[w]} writes (fusing would make a cycle)")
+  merged_into: dict[UOp, UOp | None] = {}  # member -> the merged kernel (at its first member) or None (dropped)
+  for (key, _), members in groups.items():
+    if len(members) < 2: continue
+    first = members[0]
+    merged = UOp(Ops.KERNEL, first.dtype, tuple(st for m in members for st in m.src), first.arg)
+    ctx.numbers[merged] = ctx.numbers[first]
+    ctx.note(ctx.merged, f"kernels {', '.join(str(ctx.numbers[m]) for m in members)} store to one shape {key[1]} at one "
+                         f"depth of the kernel graph: fused into one kernel")
+    merged_into.update({m: None for m in members[1:]})
+    merged_into[first] = merged
+  if not merged_into: return None
+  return schedule.replace(src=tuple(merged_into.get(k, k) for k in kernels if merged_into.get(k, k) is not None))
 
 
 group_rules = PatternMatcher([(UPat(Ops.SINK, name="schedule"), group_outputs)], name="group")

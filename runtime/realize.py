@@ -13,10 +13,9 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import hashlib, os, threading, time, weakref
+import contextlib, hashlib, os, threading, time, weakref
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute
-from rewrite.uop import _arg_key  # the engine's key form of an arg: 0.0 and -0.0, 1 and True differ
 from rules.pipeline import schedule, lower_kernel, Run, pipeline
 from rules.realize import NewBuffer, normalize
 from rules.host import HostContext
@@ -81,12 +80,12 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
-  if stats.active:  # per-kernel statistics: collect this kernel's stages apart, then file them under its name
-    with stats.collect(level=1) as mine: linear = lower_planned(norm, buffers, device, run)
-  else: linear = lower_planned(norm, buffers, device, run)
+  # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
+  with stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
+    linear = lower_planned(norm, buffers, device, run)
+    body = renderer.render("KERNEL_NAME", linear)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
-  body = renderer.render("KERNEL_NAME", linear)
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
@@ -113,18 +112,15 @@ _plans: dict[tuple, tuple[list, Program]] = {}
 MAX_PLANS = 256
 
 
-def graph_key(uops: list[UOp]) -> tuple[tuple, list]:
-  """(the structure of the graphs `uops`, with buffers by identity; the buffers)."""
-  index: dict[UOp, int] = {}
-  parts, buffers = [], []
-  for root in uops:
-    for n in root.toposort:
-      if n in index: continue
-      if n.op is Ops.BUFFER: buffers.append(n.arg); arg = ("buffer", id(n.arg))
-      else: arg = _arg_key(n.arg)
-      index[n] = len(parts)
-      parts.append((n.op, n.dtype, tuple(index[x] for x in n.src), arg))
-  return tuple(parts) + tuple(index[u] for u in uops), buffers
+def graph_key(uops: list[UOp]) -> tuple[int, ...]:
+  """The structure of the graphs `uops`, buffers by identity: numbers the UOps keep (UOp.structure), so a warm call
+  pays only for the nodes it built anew, and nothing walks a graph already numbered."""
+  return tuple(u.structure for u in uops)
+
+
+def input_buffers(uops: list[UOp]) -> list:
+  """The existing buffers the graphs read (a cached plan holds them weakly: it is void once one is gone)."""
+  return list(dict.fromkeys(n.arg for root in uops for n in root.toposort if n.op is Ops.BUFFER))
 
 
 Target = tuple[UOp, View]  # an assignment: the existing BUFFER an output is written into, and the View of it written
@@ -136,14 +132,14 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   uops = [u for u, _ in outputs]
   devices = [canonical_name(d) for _, d in outputs]
   targets = targets or [None] * len(outputs)
-  structure, buffers = graph_key(uops)
+  structure = graph_key(uops)
   target_key = tuple(None if t is None else (id(t[0].arg), t[1]) for t in targets)
   key = (structure, tuple(devices), target_key, pipeline.version, extern.mode())
   with _lock: hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
   program = _build(_lower(uops, devices, targets))
-  refs = [weakref.ref(b) for b in buffers] + [weakref.ref(t[0].arg) for t in targets if t is not None]
+  refs = [weakref.ref(b) for b in input_buffers(uops)] + [weakref.ref(t[0].arg) for t in targets if t is not None]
   with _lock:
     if len(_plans) >= MAX_PLANS:
       for k in [k for k, (rs, _) in _plans.items() if any(r() is None for r in rs)] or list(_plans)[:MAX_PLANS // 2]:

@@ -221,3 +221,18 @@ def test_a_caller_deep_in_the_stack_still_gets_its_rewrite():
   try: out = graph_rewrite(e, identities)
   finally: sys.setrecursionlimit(limit)
   assert out is x
+
+
+def test_substitute_replaces_nodes_and_rebuilds_their_users():
+  from rewrite import substitute, stats
+  a, b = UOp.variable("a", 0, 9), UOp.variable("b", 0, 9)
+  e = (a + 1) * (a + 2)
+  assert substitute(e, {a: b}) is (b + 1) * (b + 2)
+  # a replacement may hold the node it replaces
+  assert substitute(e, {a + 1: (a + 1) * 3}) is ((a + 1) * 3) * (a + 2)
+  # one shared rule set serves every call, its rule named for what it does, in the statistics like any stage
+  with stats.collect() as s:
+    substitute(e, {a: b}, name="swap_a_for_b")
+    substitute(e, {b: a}, name="swap_a_for_b")
+  assert {(r.stage, r.name) for r in s.rules.values()} == {("swap_a_for_b", "rebuild_users_of_replaced_nodes")}
+  assert s.stages["swap_a_for_b"].calls == 2

@@ -64,3 +64,17 @@ def test_a_parallel_loop_body_is_a_function_of_its_own(tmp_path):
   program = "from tensor import Tensor\nx = Tensor.ones(512, 512)\n(x * 2 + 1).numpy()"
   out = run({"DEBUG": "3", "GRAFT_CACHE_DIR": str(tmp_path)}, program).stdout
   assert "#pragma omp parallel for" in out and "_body0(" in out and "__attribute__((noinline))" in out
+
+
+def test_a_warm_call_reuses_its_plan_and_another_constant_does_not():
+  from tensor import Tensor
+  from runtime import realize as rt
+  x = Tensor(np.arange(6, dtype=np.float32))
+  def program(c): return rt.build_schedule([((x * c + 1).uop, x.device)])
+  program(2.0)
+  plans = len(rt._plans)
+  program(2.0)                     # the same graph, rebuilt: its plan is found by its structure
+  assert len(rt._plans) == plans
+  program(-2.0)                    # another constant is another program
+  assert len(rt._plans) == plans + 1
+  np.testing.assert_allclose((x * -2.0 + 1).numpy(), np.arange(6) * -2.0 + 1)

@@ -95,3 +95,12 @@ def test_a_kernel_that_reads_another_is_not_merged_into_it():
   program = build_program([(first.uop, x.device), (second.uop, x.device)])
   assert len(program.kernels_called()) == 2
   assert any("would make a cycle" in e for e in program.explanations)
+
+
+def test_independent_kernels_of_one_shape_merge_and_their_reader_runs_after():
+  a, b = (x + 1).contiguous(), (y * 2).contiguous()  # need nothing of each other: one kernel with two stores
+  out = a + b                                        # reads both: a kernel of its own, after theirs
+  program = build_program([(out.uop, x.device)])
+  assert len(program.kernels_called()) == 2
+  assert any("fused into one kernel" in e for e in program.explanations)
+  np.testing.assert_allclose(out.numpy(), (x.numpy() + 1) + y.numpy() * 2, rtol=1e-6)

@@ -12,7 +12,8 @@ def test_each_kernel_shows_time_and_rewrites_per_stage():
     (Tensor(np.arange(30, dtype=np.float32).reshape(5, 6)) * 3).sum(axis=1).numpy()
   assert s.kernels, "no kernel was recorded"
   (name, stages), = [(k, v) for k, v in s.kernels.items() if k.startswith("r_5")]
-  assert {"views", "lower", "symbolic", "linearize"} <= set(stages)
+  assert {"views", "lower", "symbolic", "linearize", "render"} <= set(stages)
+  assert stages["render"].rewrites > 0  # the renderer's rules: one text per instruction
   assert stages["lower"].rewrites > 0 and stages["lower"].time > 0
   table = s.table("kernel")
   assert name in table and "lower ms/rw" in table
@@ -40,3 +41,11 @@ def test_rewrite_stats_file_csv_and_tables_at_exit(tmp_path):
   assert "per stage" in r.stdout and "per rule" in r.stdout and "per kernel" in r.stdout
   rows = list(csv.DictReader(path.open()))
   assert {row["kind"] for row in rows} == {"stage", "rule", "kernel"}
+
+
+def test_the_renderers_rules_are_counted_per_rule():
+  with rewrite.stats.collect() as s:
+    (Tensor(np.arange(21, dtype=np.float32).reshape(7, 3)) * 1.25 + 1).exp().numpy()  # a kernel no other test compiles
+  render = [r for r in s.rules.values() if r.stage == "render"]
+  assert render and sum(r.matches for r in render) > 0
+  assert any(r.name == "_loop" for r in render)  # the C renderer's loop rule, by its function's name

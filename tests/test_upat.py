@@ -46,6 +46,19 @@ def test_match_by_arg():
   assert matches(UPat(Ops.SINK), UOp(Ops.SINK, arg=1))             # ...while no arg given matches any
 
 
+def test_short_forms_take_the_long_forms_arguments():
+  # a rule for one constant: cvar pins the value and still binds the node
+  assert captures(UPat.cvar("c", arg=1000), UOp.const(i32, 1000)) == {"c": UOp.const(i32, 1000)}
+  assert not matches(UPat.cvar("c", arg=1000), UOp.const(i32, 999))
+  assert not matches(UPat.cvar("c", f32, arg=1000), UOp.const(i32, 1000))
+  assert captures(UPat.const(i32, 2, name="two"), UOp.const(i32, 2)) == {"two": UOp.const(i32, 2)}
+  # var with sources, an arg and allow_any_len, as UPat(None, ...) would have it
+  sink = UOp(Ops.SINK, src=(x, y), arg=7)
+  assert captures(UPat.var("s", src=(UPat.var("a"),), allow_any_len=True, arg=7), sink) == {"s": sink, "a": x}
+  assert not matches(UPat.var("s", src=(UPat.var("a"),), arg=7), sink)  # exactly one source asked
+  assert not matches(UPat.var("s", arg=8), sink)
+
+
 def test_names_capture_nodes():
   e = x * 3
   got = captures(UPat(Ops.MUL, src=(UPat.var("a"), UPat.cvar("c")), name="m"), e)
