@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib, hashlib, os, threading, time, weakref
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute
-from rules.pipeline import schedule, lower_kernel, Run, pipeline
-from rules.realize import NewBuffer, normalize
+from rules.pipeline import schedule, Run, pipeline
+from rules.realize import NewBuffer
 from rules.host import HostContext
 from rules.view import View
 from rules.gpu import launch_dims, GridContext

@@ -70,7 +70,7 @@ def test_a_warm_call_reuses_its_plan_and_another_constant_does_not():
   from tensor import Tensor
   from runtime import realize as rt
   x = Tensor(np.arange(6, dtype=np.float32))
-  def program(c): return rt.build_schedule([((x * c + 1).uop, x.device)])
+  def program(c): return rt.build_program([((x * c + 1).uop, x.device)])
   program(2.0)
   plans = len(rt._plans)
   program(2.0)                     # the same graph, rebuilt: its plan is found by its structure
