@@ -139,7 +139,7 @@ COMPILERS = {"graft": graft_compiler, "tinygrad": tinygrad_compiler}
 def view_chain_expression(rng: random.Random):
   """SINK(index, validity) of one random permute + pad + reshape chain of a 6-D shape, over loop indices."""
   from rewrite import UOp, Ops, dtypes
-  from rules.view import View, to_index_chain
+  from rules.strided_view import View, to_index_chain
   shape = tuple(rng.randint(2, 5) for _ in range(6))
   order = list(range(6))
   rng.shuffle(order)

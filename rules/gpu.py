@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute
-from .view import contiguous_strides, View
+from .strided_view import contiguous_strides, View
 from .realize import buffers_read, buffers_written
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of

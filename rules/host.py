@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 from .realize import NewBuffer, normalize
-from .view import View, compose, contiguous_strides
+from .strided_view import View, compose, contiguous_strides
 
 
 @dataclass(frozen=True)

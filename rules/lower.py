@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
-from .view import unflatten
+from .strided_view import unflatten
 from .shapes import shape_of
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools, sys
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, substitute
-from .view import View
+from .strided_view import View
 from .shapes import shape_of
 
 

@@ -19,7 +19,7 @@ from rewrite import UOp, Ops, stats, substitute
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer
 from rules.host import HostContext
-from rules.view import View
+from rules.strided_view import View
 from rules.gpu import launch_dims, GridContext
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc, weakref
 import numpy as np
 from rewrite import UOp, Ops
-from rules.view import View
+from rules.strided_view import View
 from .promotion import is_scalar, check_fits
 
 

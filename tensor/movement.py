@@ -1,6 +1,6 @@
 """Movement: reshape, permute, expand, pad, shrink, flip, indexing, squeeze, cat and stack, all as VIEW nodes.
 
-Nothing is copied: each movement is a `View` (rules/view.py) over its source. A movement of a tensor that is a VIEW
+Nothing is copied: each movement is a `View` (rules/strided_view.py) over its source. A movement of a tensor that is a VIEW
 already is applied to that View, so chains of movements stay one VIEW; where no single View can say it (a reshape
 of a permuted view, say) a new VIEW is stacked on top, reading its source's contiguous layout.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, dtypes
-from rules.view import View
+from rules.strided_view import View
 from rules.shapes import shape_of
 from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype

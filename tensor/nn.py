@@ -7,7 +7,7 @@ padded input's layout), so it too is a multiply and a sum: one kernel, no im2col
 """
 from __future__ import annotations
 from rewrite import UOp, Ops, dtypes
-from rules.view import View, compose
+from rules.strided_view import View, compose
 from .elementwise import broadcast_shape
 
 

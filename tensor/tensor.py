@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
-from rules.view import View
+from rules.strided_view import View
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
 from .args import shape_arg, device_name, countable
 from .elementwise import ElementwiseMixin

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from tensor import Tensor
 from rewrite import UOp, Ops
-from rules.view import View
+from rules.strided_view import View
 from runtime.realize import realize, last_program
 
 rng = np.random.default_rng(0)

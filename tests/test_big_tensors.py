@@ -13,7 +13,7 @@ from rules.gpu import MAX_GRID, launch_dims
 from rules.index_width import index_width_rules
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
-from rules.view import View
+from rules.strided_view import View
 from runtime import cuda
 from runtime.buffer import Buffer
 from runtime.device import CompileError, get_device

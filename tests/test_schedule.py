@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from rewrite import UOp, Ops, dtypes
 from rules.pipeline import Run, schedule
-from rules.view import View
+from rules.strided_view import View
 from runtime.buffer import Buffer
 from tensor import Tensor
 from runtime.realize import build_program

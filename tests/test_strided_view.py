@@ -1,4 +1,4 @@
-"""Tests of rules/view.py (View, compose, to_index, to_index_chain) and rules/shapes.py (shape_of).
+"""Tests of rules/strided_view.py (View, compose, to_index, to_index_chain) and rules/shapes.py (shape_of).
 
 Every movement is checked against numpy doing the same thing to an array: a view is evaluated by brute force over a
 source `1..n` (so that the pad value 0 cannot be mistaken for an element), and its index arithmetic by a small numpy
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 from rewrite import UOp, Ops, dtypes
-from rules.view import View, compose, to_index_chain
+from rules.strided_view import View, compose, to_index_chain
 from rules.shapes import shape_of
 
 
