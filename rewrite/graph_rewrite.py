@@ -11,6 +11,7 @@ node was rewritten to. A rule that raises, or returns something other than a UOp
 from __future__ import annotations
 import contextlib, gc, threading, time
 from typing import Any, Callable, Iterator
+from .ops import Ops
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
 from .upat import UPat
@@ -389,6 +390,13 @@ def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None
 
 # one matcher for every substitute() call: the mapping travels in the context, so nothing is compiled per call
 _substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_nodes)], name="substitute")
+
+
+def splice_sinks(node: UOp) -> UOp | None:
+  """A rule for a node whose sources are a list (a SINK of statements or steps): a source that is itself a SINK (what
+  a rule returns when it makes several nodes of one) is replaced, in place, by its own sources. None when none is."""
+  if not any(s.op is Ops.SINK for s in node.src): return None
+  return node.replace(src=tuple(x for s in node.src for x in (s.src if s.op is Ops.SINK else (s,))))
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:

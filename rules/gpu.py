@@ -56,6 +56,7 @@ from .realize import buffers_read, buffers_written
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
+from .opt.plan import Opt
 
 MAX_THREADS = 1024           # threads per block, every CUDA GPU since compute capability 2.0
 MAX_GRID = 2**31 - 1         # blocks along x
@@ -198,12 +199,8 @@ class GridKind(str, Enum):
   def __repr__(self): return self.value
 
 
-@dataclass(frozen=True)
-class GridOpt:
-  kind: GridKind
-  axis: int
-  amount: int = 0
-  def __repr__(self): return f"{self.kind.value}({self.axis}{f', {self.amount}' if self.amount else ''})"
+# one record type for every plan: the GPU's kinds (GridKind) are kinds of the CPU vocabulary's `Opt` (rules/opt)
+GridOpt = Opt
 
 
 @dataclass(frozen=True)

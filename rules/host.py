@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
 from .realize import NewBuffer, normalize
 from .strided_view import View, compose, contiguous_strides
 
@@ -147,17 +147,11 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
   return UOp(Ops.EXTERN, src=tuple(buffers), arg=Extern("sgemm", mm[3], operands, norm, ctx.extern_mode == "pick"))
 
 
-def splice_nested_steps(program: UOp) -> UOp | None:
-  """A rule that made several steps of one returned them as a SINK: they take its place in the program."""
-  if not any(s.op is Ops.SINK for s in program.src): return None
-  return program.replace(src=tuple(x for s in program.src for x in (s.src if s.op is Ops.SINK else (s,))))
-
-
 host_rules = PatternMatcher([
   (UPat(Ops.KERNEL, name="k"), store_into_assigned_buffer),
   (UPat(Ops.KERNEL, name="k"), call_library_for_matmul),
   (UPat(Ops.KERNEL, name="k"), call_kernel),
-  (UPat(Ops.SINK, name="program", arg="steps"), splice_nested_steps),
+  (UPat(Ops.SINK, name="node", arg="steps"), splice_sinks)  # a rule that made several steps of one,
 ], name="host")
 
 

@@ -38,7 +38,9 @@ def trip_product(opts) -> int: return math.prod(o.amount for o in opts)
 
 @dataclass(frozen=True)
 class Opt:
-  kind: OptKind
+  """One transformation of a kernel's loops: a kind (OptKind on the CPU, rules/gpu.py's GridKind on a GPU), the loop
+  it acts on (numbered as the kernel's plan numbers them) and an amount."""
+  kind: Enum
   axis: int
   amount: int = 0
   def __repr__(self): return f"{self.kind.value}({self.axis}{f', {self.amount}' if self.amount else ''})"

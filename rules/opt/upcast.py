@@ -8,7 +8,7 @@ its n copies of the value in each step (the loop is unrolled; the order of the a
 """
 from __future__ import annotations
 import functools, itertools
-from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite
+from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, splice_sinks
 
 
 def _loops_at_values(ctx: dict[UOp, UOp], u: UOp) -> UOp | None:
@@ -52,13 +52,8 @@ def unroll_reduce(red: UOp) -> UOp | None:
   return red.replace(src=(value, *rest)) if rest else value
 
 
-def flatten_unrolled_stores(sink: UOp) -> UOp | None:
-  if not any(s.op is Ops.SINK for s in sink.src): return None
-  return sink.replace(src=tuple(x for s in sink.src for x in (s.src if s.op is Ops.SINK else (s,))))
-
-
 upcast_rules = PatternMatcher([
   (UPat(Ops.REDUCE, name="red"), unroll_reduce),
   (UPat(Ops.STORE, name="st"), unroll_store),
-  (UPat(Ops.SINK, name="sink"), flatten_unrolled_stores),
+  (UPat(Ops.SINK, name="node"), splice_sinks)   # the copies of an unrolled store,
 ], name="opt_upcast")

@@ -13,9 +13,9 @@ Values are unchanged, except that a float sum over the lane loop adds in another
 """
 from __future__ import annotations
 import functools
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
 from rules.symbolic import terms_of
-from .upcast import parts_in, flatten_unrolled_stores, at_values
+from .upcast import parts_in, at_values
 
 VECTOR_TYPES = (dtypes.float32, dtypes.float64, dtypes.int32)   # what the C renderer declares vector types of
 VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
@@ -134,5 +134,5 @@ vector_rules = PatternMatcher([
   (UPat((*GroupOp.ALU, Ops.CAST, Ops.BITCAST), name="x"), read_lane_by_lane),
   (UPat(Ops.STORE, name="st", src=(index, UPat.var("val"))), vector_store),
   (UPat(Ops.STORE, name="st"), store_lane_by_lane),
-  (UPat(Ops.SINK, name="sink"), flatten_unrolled_stores),
+  (UPat(Ops.SINK, name="node"), splice_sinks),
 ], name="opt_vector")
