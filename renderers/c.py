@@ -123,18 +123,18 @@ c_rules = PatternMatcher([
   (UPat(Ops.LOAD, name="ld"), _vector_load),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
-  (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])"),
+  (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])", "render_gep"),
   (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
   # a packed buffer (rules/opt/pack.py) is an array on the stack of the thread that fills it; the BARRIER that says
   # it is filled is the array itself
   (UPat(Ops.DEFINE_LOCAL, name="b"),
-   lambda ctx, b: f"{ctx.lang.type(b.dtype.base)} {ctx.names[b]}[{b.arg[1]}] __attribute__((aligned(64)));"),
-  (UPat(Ops.BARRIER, src=(UPat(Ops.DEFINE_LOCAL, name="b"),), allow_any_len=True), lambda ctx, b: ctx[b]),
+   lambda ctx, b: f"{ctx.lang.type(b.dtype.base)} {ctx.names[b]}[{b.arg[1]}] __attribute__((aligned(64)));", "render_local_buffer"),
+  (UPat(Ops.BARRIER, src=(UPat(Ops.DEFINE_LOCAL, name="b"),), allow_any_len=True), lambda ctx, b: ctx[b], "render_barrier"),
   (UPat(Ops.DEFINE_ACC, src=(float_max,)),
-   lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;"),
+   lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {reduce_identity(ctx, red)}; int {ctx.names[red]}_nan = 0;", "render_float_max_accumulator"),
   (UPat(Ops.ASSIGN, src=(float_max,)),
-   lambda ctx, red: (lambda acc, v: f"{acc} = ({v}>{acc})?{v}:{acc}; {acc}_nan |= ({v}!={v});")(ctx.names[red], ctx[red.src[0]])),
-  (float_max, lambda ctx, red: f"if ({ctx.names[red]}_nan) {ctx.names[red]} = NAN;"),
+   lambda ctx, red: (lambda acc, v: f"{acc} = ({v}>{acc})?{v}:{acc}; {acc}_nan |= ({v}!={v});")(ctx.names[red], ctx[red.src[0]]), "render_float_max_update"),
+  (float_max, lambda ctx, red: f"if ({ctx.names[red]}_nan) {ctx.names[red]} = NAN;", "render_float_max_nan"),
 ], name="render.c")
 
 

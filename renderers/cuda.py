@@ -76,7 +76,7 @@ def _row_reduce(ctx: RenderContext, b: UOp) -> str:
 
 
 cuda_rules = PatternMatcher([
-  (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]]),
+  (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
   (UPat(Ops.BARRIER, name="b"), _row_reduce),
 ], name="render.cuda")
 

@@ -44,11 +44,12 @@ def _describe_fn(fn: Callable, fallback: str) -> tuple[str, str]:
   return name, loc
 
 
-def _make_rule(pat: UPat, fn: Callable, where: str) -> Rule:
+def _make_rule(pat: UPat, fn: Callable, where: str, given_name: str | None = None) -> Rule:
   if not isinstance(pat, UPat): raise ValueError(f"{where}: a rule is (UPat, function); got {type(pat).__name__} as the pattern")
   if not callable(fn): raise ValueError(f"{where}: a rule is (UPat, function); got {type(fn).__name__} as the function")
   name, loc = _describe_fn(fn, where)
-  if name == "<lambda>": name = repr(pat) if len(repr(pat)) <= 60 else repr(pat)[:57] + "..."
+  if given_name is not None: name = given_name
+  elif name == "<lambda>": name = repr(pat) if len(repr(pat)) <= 60 else repr(pat)[:57] + "..."
   try: sig = inspect.signature(fn)
   except (TypeError, ValueError): sig = None
   params: list[str] = []
@@ -320,8 +321,11 @@ class PatternMatcher:
     self.name = name
     self.rules: list[Rule] = []
     for i, r in enumerate(rules):
-      if not (isinstance(r, tuple) and len(r) == 2): raise ValueError(f"{where}: rule #{i} must be a (UPat, function) pair, got {r!r}")
-      self.rules.append(_make_rule(r[0], r[1], where))
+      # a rule is (pattern, function), or (pattern, function, name) to name it in REWRITE_STATS (a lambda's own name
+      # would be its pattern)
+      if not (isinstance(r, tuple) and (len(r) == 2 or (len(r) == 3 and isinstance(r[2], str) and r[2]))):
+        raise ValueError(f"{where}: rule #{i} must be a (UPat, function) pair or a (UPat, function, name), got {r!r}")
+      self.rules.append(_make_rule(r[0], r[1], where, r[2] if len(r) == 3 else None))
     self._compile()
 
   @classmethod

@@ -75,15 +75,15 @@ def index_reduce(ctx: LowerContext, i: UOp, r: UOp, x: UOp) -> UOp:
 
 
 lower_rules = PatternMatcher([
-  (UPat(Ops.KERNEL, name="k"), lambda k: UOp(Ops.SINK, dtypes.void, k.src, k.arg)),
+  (UPat(Ops.KERNEL, name="k"), lambda k: UOp(Ops.SINK, dtypes.void, k.src, k.arg), "kernel_to_sink"),
   (UPat(Ops.STORE, name="st", src=(UPat(Ops.VIEW, name="v", src=(UPat(Ops.BUFFER, name="buf"),)), UPat.var("value"))), lower_store),
   # elementwise ops ask their sources at the same indices
   (UPat(Ops.INDEXED, name="i", src=(UPat(GroupOp.Elementwise, name="x"),), allow_any_len=True),
-   lambda i, x: x.replace(src=tuple(indexed(s, i.src[1:]) for s in x.src))),
+   lambda i, x: x.replace(src=tuple(indexed(s, i.src[1:]) for s in x.src)), "push_index_through_elementwise"),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)),), allow_any_len=True), index_view),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(name="x"),)),), allow_any_len=True), index_reduce),
-  (UPat(Ops.INDEXED, src=(UPat(Ops.IOTA, name="iota"), UPat.var("idx"))), lambda iota, idx: idx.cast(iota.dtype)),
-  (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.CONST, name="c"),), allow_any_len=True), lambda i, c: c),
+  (UPat(Ops.INDEXED, src=(UPat(Ops.IOTA, name="iota"), UPat.var("idx"))), lambda iota, idx: idx.cast(iota.dtype), "iota_is_its_index"),
+  (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.CONST, name="c"),), allow_any_len=True), lambda i, c: c, "constant_at_any_index"),
   (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.BUFFER, name="b"), UPat.var("idx"))),
-   lambda ctx, i, b, idx: UOp(Ops.LOAD, i.dtype, (UOp(Ops.INDEX, b.dtype.ptr(), (ctx.define_global(b), idx)),))),
+   lambda ctx, i, b, idx: UOp(Ops.LOAD, i.dtype, (UOp(Ops.INDEX, b.dtype.ptr(), (ctx.define_global(b), idx)),)), "load_from_buffer"),
 ], name="lower")

@@ -107,8 +107,8 @@ realize_rules = PatternMatcher([
   # the outputs are buffers (SINK.arg holds each output's device)
   (UPat(Ops.SINK, name="sink"), _realize_output),
   # contiguous() of what already is a whole buffer in order is that buffer
-  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None),
-  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x),
+  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
   # a reduction read through an expand is computed once, into a buffer
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
   # and so is a reduction that feeds another
@@ -258,7 +258,7 @@ class Slot:
   device: str
 
 
-_to_slots = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda ctx, b: ctx.get(b))], name="normalize")
+_to_slots = PatternMatcher([(UPat(Ops.BUFFER, name="b"), lambda ctx, b: ctx.get(b), "buffer_to_slot")], name="normalize")
 
 
 def normalize(kernel: UOp) -> tuple[UOp, list[UOp]]:

@@ -113,22 +113,22 @@ symbolic_rules = PatternMatcher([
   # constant folding (integers and booleans)
   (UPat(GroupOp.ALU, name="u", src=UPat(Ops.CONST)), fold_constants),
   # identities
-  (xi + 0, lambda x: x),  # integers only: for floats, -0.0 + 0 is +0.0
-  (x * 1, lambda x: x),   # exact for floats too, NaN and -0.0 included
-  (xi * 0, lambda x: UOp.const(x.dtype, 0)),
-  (x // 1, lambda x: x),
-  (xi % 1, lambda x: UOp.const(x.dtype, 0)),
-  (UPat(Ops.WHERE, src=(UPat.var("cond"), x, x)), lambda cond, x: x),
-  (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, True), x, y)), lambda x, y: x),
-  (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, False), x, y)), lambda x, y: y),
-  (UPat(Ops.AND, src=[UPat.var("x", dtypes.bool), UPat.const(dtypes.bool, True)]), lambda x: x),
-  (UPat(Ops.CAST, name="u", src=(x,)), lambda u, x: x if u.dtype is x.dtype else None),
+  (xi + 0, lambda x: x, "add-zero"),  # integers only: for floats, -0.0 + 0 is +0.0
+  (x * 1, lambda x: x, "mul-one"),   # exact for floats too, NaN and -0.0 included
+  (xi * 0, lambda x: UOp.const(x.dtype, 0), "mul-zero"),
+  (x // 1, lambda x: x, "div-one"),
+  (xi % 1, lambda x: UOp.const(x.dtype, 0), "mod-one"),
+  (UPat(Ops.WHERE, src=(UPat.var("cond"), x, x)), lambda cond, x: x, "where-same-branches"),
+  (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, True), x, y)), lambda x, y: x, "where-true"),
+  (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, False), x, y)), lambda x, y: y, "where-false"),
+  (UPat(Ops.AND, src=[UPat.var("x", dtypes.bool), UPat.const(dtypes.bool, True)]), lambda x: x, "and-true"),
+  (UPat(Ops.CAST, name="u", src=(x,)), lambda u, x: x if u.dtype is x.dtype else None, "cast-to-same-dtype"),
   # bounds decide
   (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX}, name="u"), fold_by_bounds),
   # index arithmetic: linear sums, and // and % that the bounds allow to remove
   (UPat(Ops.ADD, dtype=ints, name="u"), combine_terms),
-  ((xi * c1) * c2, lambda x, c1, c2: x * (c1.arg * c2.arg)),
-  (UPat(Ops.IDIV, name="u", src=(xi, c1)), lambda u, x, c1: divide_terms(u, x, c1.arg, want_mod=False)),
-  (UPat(Ops.MOD, name="u", src=(xi, c1)), lambda u, x, c1: simplify_mod(u, x, c1.arg)),
-  ((xi // c1) // c2, lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and x.vmin >= 0 else None),
+  ((xi * c1) * c2, lambda x, c1, c2: x * (c1.arg * c2.arg), "mul-constants"),
+  (UPat(Ops.IDIV, name="u", src=(xi, c1)), lambda u, x, c1: divide_terms(u, x, c1.arg, want_mod=False), "div-by-constant"),
+  (UPat(Ops.MOD, name="u", src=(xi, c1)), lambda u, x, c1: simplify_mod(u, x, c1.arg), "mod-by-constant"),
+  ((xi // c1) // c2, lambda x, c1, c2: x // (c1.arg * c2.arg) if c1.arg > 0 and c2.arg > 0 and x.vmin >= 0 else None, "div-div"),
 ], name="symbolic")

@@ -131,3 +131,13 @@ def test_impossible_repeated_name_is_refused(pat, why):
 def test_malformed_rules_are_refused_where_the_list_is_written():
   with pytest.raises(ValueError, match=rf"{HERE}:\d+: rule #0 must be a \(UPat, function\) pair"): PatternMatcher([UPat()])
   with pytest.raises(ValueError, match=rf"{HERE}:\d+: a rule is \(UPat, function\)"): PatternMatcher([(UPat(), 3)])
+
+
+def test_a_rule_may_carry_its_name_for_the_statistics():
+  from rewrite import stats, graph_rewrite
+  x = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("x", 0, 9))
+  rules = PatternMatcher([(UPat.var("x") * 1, lambda x: x, "mul-one"), (UPat.var("x") + 0, lambda x: x)], name="named")
+  assert [r.name for r in rules.rules][0] == "mul-one" and "lambda" not in rules.rules[1].name
+  with stats.collect() as s: assert graph_rewrite(x * 1, rules, name="named") is x
+  assert {r.name for r in s.rules.values() if r.matches} == {"mul-one"}
+  with pytest.raises(ValueError, match="name"): PatternMatcher([(UPat.var("x") * 1, lambda x: x, "")])
