@@ -65,7 +65,12 @@ def _max(ctx: RenderContext, x: UOp) -> str:
   return f"(({a}>{b}||{a}!={a})?{a}:{b})" if x.dtype.is_float else f"(({a}>{b})?{a}:{b})"
 
 
-def _binary(sym: str): return lambda ctx, x: f"({ctx[x.src[0]]}{sym}{ctx[x.src[1]]})"
+# C's infix operators; integer / and % truncate toward zero, as IDIV and MOD do (docs/design.md)
+BINARY_SYMBOLS = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.FDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+                  Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+
+
+def render_binary(ctx: RenderContext, x: UOp) -> str: return f"({ctx[x.src[0]]}{BINARY_SYMBOLS[x.op]}{ctx[x.src[1]]})"
 
 
 def _reduce_update(ctx: RenderContext, a: UOp) -> str:
@@ -101,18 +106,7 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.END), lambda: "}", "render_end"),
   (UPat(Ops.DEFINE_ACC, name="a"), lambda ctx, a: f"{ctx.lang.type(a.dtype)} {ctx.names[a.src[0]]} = {reduce_identity(ctx, a.src[0])};", "render_define_acc"),
   (UPat(Ops.ASSIGN, name="a"), _reduce_update),
-  (UPat(Ops.ADD, name="x"), _binary("+"), "render_add"),
-  (UPat(Ops.MUL, name="x"), _binary("*"), "render_mul"),
-  (UPat(Ops.IDIV, name="x"), _binary("/"), "render_idiv"),
-  (UPat(Ops.FDIV, name="x"), _binary("/"), "render_fdiv"),
-  (UPat(Ops.MOD, name="x"), _binary("%"), "render_mod"),
-  (UPat(Ops.CMPLT, name="x"), _binary("<"), "render_cmplt"),
-  (UPat(Ops.CMPNE, name="x"), _binary("!="), "render_cmpne"),
-  (UPat(Ops.AND, name="x"), _binary("&"), "render_and"),
-  (UPat(Ops.OR, name="x"), _binary("|"), "render_or"),
-  (UPat(Ops.XOR, name="x"), _binary("^"), "render_xor"),
-  (UPat(Ops.SHL, name="x"), _binary("<<"), "render_shl"),
-  (UPat(Ops.SHR, name="x"), _binary(">>"), "render_shr"),
+  (UPat(tuple(BINARY_SYMBOLS), name="x"), render_binary),
   (UPat(Ops.MAX, name="x"), _max),
   (UPat(Ops.NEG, name="x"), lambda ctx, x: f"(-{ctx[x.src[0]]})", "render_neg"),
   (UPat(Ops.RECIP, name="x"), lambda ctx, x: f"({ctx.lang.literal(x.dtype, 1)}/{ctx[x.src[0]]})", "render_recip"),

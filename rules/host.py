@@ -43,7 +43,6 @@ class Extern:
   kernel: UOp
   pick: bool                  # time both on first use (True), or always the library (False)
 
-  def param(self, key: str): return dict(self.params)[key]
 
 
 @dataclass
