@@ -61,6 +61,21 @@ int madvise(void *addr, size_t length, int advice);
 _libc = _ffi.dlopen(None)
 
 
+OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")  # gcc's, clang's, Intel's
+
+
+@functools.cache
+def pin_openmp_runtime() -> None:
+  """Keep the OpenMP runtime that the kernel libraries loaded mapped until the process ends. Its worker threads live
+  in its code and spin there for a while after each parallel loop; if unloading the last kernel library (the cap's
+  dlclose, or interpreter exit) unloaded the runtime too, a spinning thread would run unmapped code (a SIGSEGV seen at
+  exit on a 16-core machine). RTLD_NOLOAD touches only a runtime already loaded; RTLD_NODELETE pins it."""
+  import ctypes
+  for name in OPENMP_RUNTIMES:
+    try: ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NODELETE)
+    except OSError: continue  # not the runtime this compiler links
+
+
 class CPUAllocator(Allocator):
   """Host memory from posix_memalign, 64-byte aligned; handles are addresses (ints)."""
 
@@ -109,6 +124,7 @@ class Library:
       raise ValueError(f"cffi cannot declare these kernels ({e}); CPU kernels take pointers and integer or "
                        f"float scalars:\n{cdef}") from None
     self.handle = self.ffi.dlopen(str(path))  # OSError for a file that is no library: the cache rebuilds it
+    pin_openmp_runtime()
     self.programs: weakref.WeakSet[CPUProgram] = weakref.WeakSet()
 
   def function(self, name: str) -> Any:

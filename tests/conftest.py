@@ -11,3 +11,10 @@ def cache_env(tmp_path, monkeypatch):
   cache.clear_memory()
   yield tmp_path / "cache"
   cache.clear_memory()
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+  """Run the test on the CPU whatever DEVICE says: for tests of the CPU's own code paths (its optimization
+  vocabulary, its C, its BLAS), which a `DEVICE=CUDA` run of the suite must still check as CPU tests."""
+  monkeypatch.setenv("DEVICE", "CPU")

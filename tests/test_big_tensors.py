@@ -213,7 +213,7 @@ def nvcc_compiles(src: str) -> None:
 
 # ---- sizes that cannot be ----
 
-def test_a_buffer_larger_than_the_machine_is_a_memory_error_before_compiling():
+def test_a_buffer_larger_than_the_machine_is_a_memory_error_before_compiling(on_cpu):
   from runtime import realize as rr
   compiled = len(rr._kernels)
   total = get_device("CPU").memory_bytes

@@ -54,7 +54,7 @@ def test_a_matmul_between_other_kernels_takes_its_buffers_from_the_plan(monkeypa
   np.testing.assert_allclose(out, (a * 2) @ b + 1, rtol=1e-4, atol=1e-4)
 
 
-def test_without_the_package_there_is_no_routine_and_matmul_is_generated(monkeypatch):
+def test_without_the_package_there_is_no_routine_and_matmul_is_generated(monkeypatch, on_cpu):
   monkeypatch.setitem(sys.modules, "scipy_openblas32", None)  # import fails as if it were not installed
   extern._cpu_sgemm.cache_clear()
   try:

@@ -25,7 +25,7 @@ def test_listing_of_two_kernels_names_buffers_sizes_and_steps():
   alloc  t0 float32[32] 128 B in storage s0
   call   {first}  t0 <- in0, in1
   call   {second}  out0 <- t0
-  free   t0 (storage s0 back to CPU)"""
+  free   t0 (storage s0 back to {x.device})"""
 
 
 def test_a_single_kernel_needs_no_allocation():
@@ -116,7 +116,7 @@ def test_random_programs_agree_with_numpy_and_never_overlap_live_buffers(seed):
   for t, a in outs: np.testing.assert_allclose(t.numpy(), a, rtol=1e-5, atol=1e-5)
 
 
-def test_the_readme_shows_the_mlp_examples_host_program(monkeypatch):
+def test_the_readme_shows_the_mlp_examples_host_program(monkeypatch, on_cpu):  # the README shows a CPU run
   import pathlib, re
   from runtime.realize import plan
   monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parent.parent / "examples"))

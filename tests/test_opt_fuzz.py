@@ -8,6 +8,8 @@ from rules.opt import Opt, OptKind, Plan, InvalidPlan, check_plan
 from runtime.search import lower_with
 from tests.opt_helpers import the_kernel, run_with
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's vocabulary: on the CPU also in a DEVICE=CUDA run
+
 
 def conv_np(x, w, pad):
   from numpy.lib.stride_tricks import sliding_window_view

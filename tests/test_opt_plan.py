@@ -7,6 +7,8 @@ from tensor import Tensor
 from rules.opt import Opt, OptKind, Plan
 from tests.opt_helpers import lowered
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's vocabulary: on the CPU also in a DEVICE=CUDA run
+
 rng = np.random.default_rng(5)
 
 

@@ -5,6 +5,9 @@ from rewrite import Ops
 from tensor import Tensor
 from rules.opt import Opt, OptKind
 from tests.opt_helpers import lowered, run_with, loops
+import pytest
+
+pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's vocabulary: on the CPU also in a DEVICE=CUDA run
 
 rng = np.random.default_rng(2)
 a, b = rng.standard_normal((8, 32), dtype=np.float32), rng.standard_normal((32, 16), dtype=np.float32)

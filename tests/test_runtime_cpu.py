@@ -219,3 +219,21 @@ def test_library_cap_bench_runs(tmp_path):
   assert r.returncode == 0, r.stderr
   rows = [ln for ln in r.stdout.splitlines() if ln.startswith(("| default cap", "| no cap"))]
   assert len(rows) == 2 and all("failed" not in ln for ln in rows), r.stdout
+
+
+def test_the_openmp_runtime_stays_mapped_when_every_kernel_library_is_unloaded():
+  # its idle worker threads spin inside it after a parallel loop: unmapping it under them is a SIGSEGV
+  program = ("import numpy as np\n"
+             "from runtime.device import get_device\n"
+             "from runtime.buffer import Buffer\n"
+             "from rewrite.dtypes import dtypes\n"
+             "cpu = get_device('CPU')\n"
+             f"add = cpu.build({ADD!r}, ['add'])['add']\n"
+             "a = Buffer('CPU', 1 << 16, dtypes.float32).copyin(np.ones(1 << 16, dtype=np.float32))\n"
+             "add(a.handle, a.handle, a.handle, 1 << 16)\n"
+             "while cpu._libs: cpu._libs.popitem()[1].unload()\n"
+             "print(any('omp' in line for line in open('/proc/self/maps')), a.numpy()[:2].tolist())\n")
+  r = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True,
+                     env={**os.environ, "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "active"})
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.split() == ["True", "[2.0,", "2.0]"]

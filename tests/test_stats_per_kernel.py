@@ -48,4 +48,4 @@ def test_the_renderers_rules_are_counted_per_rule():
     (Tensor(np.arange(21, dtype=np.float32).reshape(7, 3)) * 1.25 + 1).exp().numpy()  # a kernel no other test compiles
   render = [r for r in s.rules.values() if r.stage == "render"]
   assert render and sum(r.matches for r in render) > 0
-  assert any(r.name == "_loop" for r in render)  # the C renderer's loop rule, by its function's name
+  assert any(r.name == "render_load" for r in render)  # the C-style renderers' load rule, by its given name
