@@ -4,6 +4,7 @@
   python bench/workloads.py --only ew,sum        # some of them
   python bench/workloads.py --quick              # small sizes, 3 repeats: a smoke run
   python bench/workloads.py --device CUDA        # the GPU table: Graft, torch eager and torch.compile
+  python bench/workloads.py --peers torch        # only these peers beside Graft
 
 How each figure is taken (WORKLOADS.md):
   - Every (workload, framework) pair runs in a fresh Python process of its own, so no framework's thread pool or
@@ -300,10 +301,11 @@ def fmt_rate(w: Workload, size: dict, warm: float | None) -> str:
   return f"{w.amount(size) / warm / scale:.3g} {w.unit}"
 
 
-def bench(ids: list[str], device: str, quick: bool, warmups: int, repeats: int, timeout: float) -> None:
+def bench(ids: list[str], device: str, quick: bool, warmups: int, repeats: int, timeout: float,
+          only_peers: list[str] | None = None) -> None:
   from tabulate import tabulate
   sizes = sizes_for(device, quick)
-  peers = peers_for(device)
+  peers = [p for p in peers_for(device) if only_peers is None or p in only_peers]
   frameworks = ["graft"] + peers
   rows, notes = [], []
   with tempfile.TemporaryDirectory(prefix="graft-bench-") as tmp:
@@ -351,6 +353,8 @@ def main(argv=None):
   ap.add_argument("--quick", action="store_true", help="small sizes, 3 repeats after 1 warm-up: a smoke run")
   ap.add_argument("--warmups", type=int, default=None)
   ap.add_argument("--repeats", type=int, default=None)
+  ap.add_argument("--peers", default=None, help="comma-separated peers to measure beside Graft (default: every one "
+                  "installed), e.g. torch to leave out torch.compile's long cold compiles")
   ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed to one (workload, framework) process")
   ap.add_argument("--worker", nargs=3, metavar=("ID", "FRAMEWORK", "OUT"), help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -363,7 +367,10 @@ def main(argv=None):
   ids = [s.strip() for s in args.only.split(",") if s.strip()] or list(table)
   if (unknown := [i for i in ids if i not in table]):
     ap.error(f"--only: no workload {', '.join(unknown)} on {args.device}; choose from {', '.join(table)}")
-  bench(ids, args.device, args.quick, warmups, repeats, args.timeout)
+  peers = [s.strip() for s in args.peers.split(",") if s.strip()] if args.peers is not None else None
+  if peers and (unknown := [p for p in peers if p not in FRAMEWORKS]):
+    ap.error(f"--peers: no framework {', '.join(unknown)}; choose from {', '.join(f for f in FRAMEWORKS if f != 'graft')}")
+  bench(ids, args.device, args.quick, warmups, repeats, args.timeout, peers)
 
 
 if __name__ == "__main__":
