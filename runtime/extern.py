@@ -16,6 +16,7 @@ GRAFT_EXTERN=0 turns routines off, =1 uses them wherever they apply; unset, the 
 from __future__ import annotations
 import functools, os, threading
 from typing import Callable
+from runtime import pick
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -24,9 +25,7 @@ _lock = threading.Lock()
 
 def mode() -> str:
   """"off", "on" or "pick" from GRAFT_EXTERN (0, 1, unset); anything else is a ValueError naming the choices."""
-  v = os.environ.get("GRAFT_EXTERN", "")
-  if v not in ("", "0", "1"): raise ValueError(f"GRAFT_EXTERN={v!r}: use 0 (generated code only), 1 (libraries where they apply) or leave it unset (time both)")
-  return {"": "pick", "0": "off", "1": "on"}[v]
+  return pick.mode("GRAFT_EXTERN", "generated code only", "libraries where they apply")
 
 
 def routines(device: str) -> tuple[str, ...]:
