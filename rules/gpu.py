@@ -324,28 +324,31 @@ def _divisors(n: int) -> list[int]:
   return sorted(set(small + [n // d for d in small]))
 
 
-def only_reduction(kernel: UOp) -> UOp | None:
-  """The one REDUCE_AXIS (by ADD or MAX) of a kernel of one store, whose source reads buffers through views and holds
-  no other reduction; None for any other kernel."""
-  if kernel.op is not Ops.KERNEL or len(kernel.src) != 1: return None
-  reds = [n for n in kernel.src[0].src[1].toposort if n.op is Ops.REDUCE_AXIS]
-  if len(reds) != 1 or reds[0].arg[0] not in (Ops.ADD, Ops.MAX) or _buffer_views(reds[0].src[0]) is None: return None
-  return reds[0]
+def splittable_reductions(kernel: UOp) -> list[UOp] | None:
+  """The reductions of a kernel (several where kernels of one shape were grouped) when they all reduce sources of one
+  shape over the same axes by ADD or MAX, and each source reads buffers through views and holds no other reduction;
+  None for any other kernel."""
+  if kernel.op is not Ops.KERNEL: return None
+  reds = list(dict.fromkeys(n for st in kernel.src for n in st.src[1].toposort if n.op is Ops.REDUCE_AXIS))
+  if not reds or len({(shape_of(r.src[0]), r.arg[1]) for r in reds}) != 1: return None
+  if any(r.arg[0] not in (Ops.ADD, Ops.MAX) or _buffer_views(r.src[0]) is None or
+         any(n.op is Ops.REDUCE_AXIS for n in r.src[0].toposort) for r in reds): return None
+  return reds
 
 
 def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> GridOpt | None:
-  """The heuristic for a kernel that is one reduction of few, long rows: `split_reduce(axis, parts)`, or None where
-  the kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
+  """The heuristic for a kernel of reductions of few, long rows: `split_reduce(axis, parts)`, or None where the
+  kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
   a column reduction one thread an output: when that, times the outputs, is less than the GPU holds at once
   (multiprocessors x RESIDENT_THREADS), the reduction is split along one reduced axis into `parts` partials, a divisor
   of the axis's length (sizes that do not divide are not split): as many as give two waves of blocks of LOOP_THREADS
   lanes (rows) or one wave of threads (columns), each partial keeping a chunk long enough to be worth its block or
   thread. The outermost axis wins a tie, so a row's partials read contiguous chunks."""
-  if (red := only_reduction(kernel)) is None: return None
-  shape, axes = shape_of(red.src[0]), red.arg[1]
+  if (reds := splittable_reductions(kernel)) is None: return None
+  shape, axes = shape_of(reds[0].src[0]), reds[0].arg[1]
   length = math.prod(shape[a] for a in axes)
   outputs = math.prod(shape) // length if length else 0
-  rows = walks_rows([red])
+  rows = walks_rows(reds)
   resident = multiprocessors * RESIDENT_THREADS
   if length < SPLIT_MIN_LENGTH or outputs * (MAX_THREADS if rows else 1) >= resident: return None
   most = (2 * resident // LOOP_THREADS if rows else resident) // outputs
@@ -355,25 +358,30 @@ def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) ->
   return None if best is None else GridOpt(GridKind.SPLIT, -best[1], best[0])
 
 
-def split_reduction(kernel: UOp, opt: GridOpt) -> tuple[UOp, UOp, UOp]:
-  """(partials, combine, scratch) carrying out `split_reduce(axis, parts)` on a kernel `split_reduction_plan` chose:
-  the reduction's source is read reshaped with `axis` split into (parts, its length / parts); the first kernel reduces
-  every axis it reduced but keeps `parts` (one partial per part) and stores them in the new buffer `scratch`; the second
-  is the kernel itself with its reduction replaced by the reduction of the partials over `parts`. Values are unchanged
-  up to float rounding (the sums are associated differently)."""
-  red = only_reduction(kernel)
-  (op, axes), shape, a, parts = red.arg, shape_of(red.src[0]), opt.axis, opt.amount
+def split_reduction(kernel: UOp, opt: GridOpt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+  """(partials, combine, scratch buffers) carrying out `split_reduce(axis, parts)` on a kernel `split_reduction_plan`
+  chose: each reduction's source is read reshaped with `axis` split into (parts, its length / parts); the first kernel
+  reduces every axis the reductions reduced but keeps `parts` (one partial per part) and stores the partials of each
+  reduction in a new scratch buffer; the second is the kernel itself with each reduction replaced by the reduction of
+  its partials over `parts`. Values are unchanged up to float rounding (the sums are associated differently)."""
+  reds = splittable_reductions(kernel)
+  (_, axes), shape, a, parts = reds[0].arg, shape_of(reds[0].src[0]), opt.axis, opt.amount
   if a not in axes or shape[a] % parts: raise InvalidGridPlan(f"{opt!r}: axis {a} of {shape} is not a reduced axis that {parts} divides")
   split_shape = shape[:a] + (parts, shape[a] // parts) + shape[a + 1:]
   inner = tuple(b + (b >= a) for b in axes)   # the reduced axes in split_shape: all but the parts
-  src = UOp(Ops.VIEW, red.src[0].dtype, (red.src[0],), View.contiguous(split_shape))   # a reshape
   partial_shape = tuple(1 if d in inner else s for d, s in enumerate(split_shape))
-  scratch = UOp(Ops.BUFFER, red.dtype, (), NewBuffer(math.prod(partial_shape), kernel.arg, -1))
-  partials = UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(partial_shape)),
-                                                      UOp(Ops.REDUCE_AXIS, red.dtype, (src,), (op, inner)))),), arg=kernel.arg)
-  read = UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(tuple(parts if d == a else 1 if d in axes else s for d, s in enumerate(shape))))
-  combine = substitute(kernel, {red: UOp(Ops.REDUCE_AXIS, red.dtype, (read,), (op, (a,)))}, name="gpu.split_reduce")
-  return partials, combine, scratch
+  combine_shape = tuple(parts if d == a else 1 if d in axes else s for d, s in enumerate(shape))
+  stores, combined, scratches = [], {}, []
+  for red in reds:
+    scratch = UOp(Ops.BUFFER, red.dtype, (), NewBuffer(math.prod(partial_shape), kernel.arg, -1 - len(scratches)))
+    src = UOp(Ops.VIEW, red.src[0].dtype, (red.src[0],), View.contiguous(split_shape))   # a reshape
+    stores.append(UOp(Ops.STORE, src=(UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(partial_shape)),
+                                      UOp(Ops.REDUCE_AXIS, red.dtype, (src,), (red.arg[0], inner)))))
+    read = UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(combine_shape))
+    combined[red] = UOp(Ops.REDUCE_AXIS, red.dtype, (read,), (red.arg[0], (a,)))
+    scratches.append(scratch)
+  partials = UOp(Ops.KERNEL, src=tuple(stores), arg=kernel.arg)
+  return partials, substitute(kernel, combined, name="gpu.split_reduce"), tuple(scratches)
 
 
 # ---------------------------------------------------------------- gpu (kernel scope): the plan, laid out once

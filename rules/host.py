@@ -8,7 +8,7 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
     generated kernel stays in `Extern.kernel`, the other candidate for the runtime's measured pick (runtime/pick.py);
   - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
     runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
-    blocks into partials (rules/gpu.py `split_reduction_plan`), the partials in a scratch buffer among `buffers`;
+    blocks into partials (rules/gpu.py `split_reduction_plan`), the partials in scratch buffers among `buffers`;
   - `COPY(dst, src)`: a copy between devices.
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
 reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
@@ -165,13 +165,17 @@ def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
   (rules/gpu.py); with split_mode "on", the two calls alone."""
   if ctx.split_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
+  written = {st.src[0].src[0] for st in k.src}
+  if any(n in written for st in k.src for n in st.src[1].toposort): return None
   if (sms := ctx.multiprocessors(k.arg)) is None or (opt := split_reduction_plan(k, sms)) is None: return None
-  partials, combine, scratch = split_reduction(k, opt)
+  partials, combine, scratches = split_reduction(k, opt)
   if ctx.split_mode == "on": return UOp(Ops.SINK, src=(call_kernel(ctx, partials), call_kernel(ctx, combine)))
   norm, buffers = normalize(k)
-  buffers.append(scratch)
+  whole = ((norm, tuple(range(len(buffers)))),)
+  buffers += scratches
   calls = tuple((n, tuple(buffers.index(b) for b in bs)) for n, bs in map(normalize, (partials, combine)))
-  return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", ((norm, tuple(range(len(buffers) - 1))),)), (repr(opt), calls))))
+  return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", whole), (repr(opt), calls))))
 
 
 host_rules = PatternMatcher([

@@ -267,6 +267,18 @@ def test_a_split_reduction_and_the_one_kernel_give_numpys_values_in_the_model_gr
     np.testing.assert_allclose(run_on_model_gpu(t, split=split)[0], want, rtol=2e-4, atol=2e-4)
 
 
+def test_reductions_of_one_shape_grouped_in_one_kernel_split_together():
+  x = T(1024, 1024)
+  xn = x.numpy()
+  steps, _ = host_steps([x.sum(), x.max(), x.mean() + 1], split="on")
+  calls = [s for s in steps if s.op is Ops.CALL]
+  # one kernel of partials with a scratch buffer per reduction: the sum (which the mean shares) and the max
+  assert len(calls) == 2 and len(calls[0].arg.src) == 2 and len(calls[1].arg.src) == 3
+  for split in ("on", "off"):
+    got = run_on_model_gpu(x.sum(), x.max(), x.mean() + 1, split=split)
+    for g, w in zip(got, (xn.sum(), xn.max(), xn.mean() + 1)): np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+
+
 def test_the_split_heuristic_spreads_few_long_rows_over_the_gpu_and_leaves_the_rest():
   def plan(t):
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
@@ -276,8 +288,10 @@ def test_the_split_heuristic_spreads_few_long_rows_over_the_gpu_and_leaves_the_r
   assert plan(T(4, 65536).sum(1)) == [GridOpt(GridKind.SPLIT, 1, 32)]
   # a column reduction: a thread per partial, one wave of them
   assert plan(T(8192, 96).sum(0)) == [GridOpt(GridKind.SPLIT, 0, 256)]
-  # many rows fill the GPU already; short rows, lengths without a divisor, several reductions: not split
-  for t in (T(4096, 4096).sum(1), T(64, 2048).sum(1), T(4099).sum(), T(1024, 1024).softmax(1), T(32, 48) + 1):
+  # many rows fill the GPU already; short rows, lengths without a divisor, reductions of several shapes: not split
+  # a reduction nested in another (x.mean() inlined into x.var()'s kernel by gpu_fuse): not split either
+  for t in (T(4096, 4096).sum(1), T(64, 2048).sum(1), T(4099).sum(), T(1024, 1024).softmax(1), T(32, 48) + 1,
+            T(1024, 1024).var()):
     assert plan(t) == [None] * len(plan(t)), t
 
 
