@@ -8,7 +8,7 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
     generated kernel stays in `Extern.kernel`, the other candidate for the runtime's measured pick (runtime/pick.py);
   - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
     runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
-    blocks into partials (rules/gpu.py `split_reduction_plan`), the partials in scratch buffers among `buffers`;
+    blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`;
   - `COPY(dst, src)`: a copy between devices.
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
 reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
@@ -26,7 +26,7 @@ from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
 from .realize import NewBuffer, normalize
 from .strided_view import View, compose, contiguous_strides
-from .gpu import split_reduction_plan, split_reduction
+from .gpu_split import split_reduction_plan, split_reduction
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
 
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
-  (rules/gpu.py); with split_mode "on", the two calls alone."""
+  (rules/gpu_split.py); with split_mode "on", the two calls alone."""
   if ctx.split_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
   # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
   written = {st.src[0].src[0] for st in k.src}

@@ -11,7 +11,8 @@ import pytest
 from rewrite import Ops, UOp, dtypes
 from rewrite.graph_rewrite import RuleError
 from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
-                       InvalidGridPlan, split_reduction_plan)
+                       InvalidGridPlan)
+from rules.gpu_split import split_reduction_plan
 from rules.pipeline import Run, lower_kernel, schedule, pipeline
 from rules.host import HostContext
 from rules.realize import NewBuffer, normalize

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from rewrite import Ops
-from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, GridContext, launch_dims, split_reduction_plan, split_reduction
+from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, GridContext, launch_dims
+from rules.gpu_split import split_reduction_plan, split_reduction
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 from runtime import cuda
