@@ -16,7 +16,7 @@ class Ops(Enum):
   # linearization: statements in their loops (BLOCK), a loop's block complete and in place (BLOCKEND)
   BLOCK = auto(); BLOCKEND = auto()
   # host level: the steps of a host program (rules/host.py)
-  ALLOC = auto(); FREE = auto(); CALL = auto(); EXTERN = auto()
+  ALLOC = auto(); FREE = auto(); CALL = auto(); EXTERN = auto(); PICK = auto()
   # ALU unary
   CAST = auto(); BITCAST = auto(); NEG = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); TRUNC = auto()
   # ALU binary
@@ -44,4 +44,4 @@ class GroupOp:
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
                     Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND})
-  Host = frozenset({Ops.ALLOC, Ops.FREE, Ops.CALL, Ops.EXTERN, Ops.COPY})
+  Host = frozenset({Ops.ALLOC, Ops.FREE, Ops.CALL, Ops.EXTERN, Ops.PICK, Ops.COPY})

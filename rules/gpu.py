@@ -196,6 +196,10 @@ class GridKind(str, Enum):
   THREAD = "thread"  # a loop spread over the `amount` lanes of its row: lane l takes l, l+amount, ...
   ROWS = "rows"      # (axis -1) `amount` rows per block, each on its own lanes
   UPCAST = "upcast"  # (axis -1) each thread takes `amount` rows, unrolled, rows_per_block apart (more loads in flight)
+  # (an axis of the reduction's source) the reduction runs as `amount` partial reductions into a scratch buffer and a
+  # second kernel combines them (rules/gpu_split.py): a record of the host stage (two kernels instead of one), not of
+  # one kernel's grid
+  SPLIT = "split_reduce"
   def __repr__(self): return self.value
 
 

@@ -6,6 +6,9 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
     `buffers` what fills each slot;
   - `EXTERN(*buffers, arg=Extern)`: a library routine (sgemm) doing what a matrix-product kernel does; the
     generated kernel stays in `Extern.kernel`, the other candidate for the runtime's measured pick (runtime/pick.py);
+  - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
+    runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
+    blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`;
   - `COPY(dst, src)`: a copy between devices.
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
 reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
@@ -23,6 +26,7 @@ from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
 from .realize import NewBuffer, normalize
 from .strided_view import View, compose, contiguous_strides
+from .gpu_split import split_reduction_plan, split_reduction
 
 
 @dataclass(frozen=True)
@@ -45,15 +49,26 @@ class Extern:
 
 
 
+@dataclass(frozen=True)
+class Choice:
+  """What a PICK step may run: named options, each its calls in order as (normalized kernel, indices of the step's
+  buffers that fill its slots). The first option is the kernel as scheduled."""
+  options: tuple[tuple[str, tuple[tuple[UOp, tuple[int, ...]], ...]], ...]
+
+
 @dataclass
 class HostContext:
   """What the host stages know beyond the schedule: the buffers the realize returns, the existing buffers some
   outputs must be written into (an assignment: output BUFFER -> (existing BUFFER, the View of it written)), and
-  which library routines the runtime can call (`externs(device) -> names`; `extern_mode` "off", "on" or "pick")."""
+  which library routines the runtime can call (`externs(device) -> names`; `extern_mode` "off", "on" or "pick"),
+  and the SM count of a device whose loops are a grid of threads (`multiprocessors(device)`, None for any other: only
+  such a device splits reductions; `split_mode` "off", "on" or "pick")."""
   returned: frozenset[UOp]
   targets: dict[UOp, tuple[UOp, View]] = field(default_factory=dict)
   externs: Callable[[str], tuple[str, ...]] = lambda device: ()
   extern_mode: str = "pick"
+  multiprocessors: Callable[[str], int | None] = lambda device: None
+  split_mode: str = "pick"
   storages: itertools.count = field(default_factory=itertools.count)
 
 
@@ -146,9 +161,27 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
   return UOp(Ops.EXTERN, src=tuple(buffers), arg=Extern("sgemm", mm[3], operands, norm, ctx.extern_mode == "pick"))
 
 
+def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
+  """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
+  (rules/gpu_split.py); with split_mode "on", the two calls alone."""
+  if ctx.split_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
+  written = {st.src[0].src[0] for st in k.src}
+  if any(n in written for st in k.src for n in st.src[1].toposort): return None
+  if (sms := ctx.multiprocessors(k.arg)) is None or (opt := split_reduction_plan(k, sms)) is None: return None
+  partials, combine, scratches = split_reduction(k, opt)
+  if ctx.split_mode == "on": return UOp(Ops.SINK, src=(call_kernel(ctx, partials), call_kernel(ctx, combine)))
+  norm, buffers = normalize(k)
+  whole = ((norm, tuple(range(len(buffers)))),)
+  buffers += scratches
+  calls = tuple((n, tuple(buffers.index(b) for b in bs)) for n, bs in map(normalize, (partials, combine)))
+  return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", whole), (repr(opt), calls))))
+
+
 host_rules = PatternMatcher([
   (UPat(Ops.KERNEL, name="k"), store_into_assigned_buffer),
   (UPat(Ops.KERNEL, name="k"), call_library_for_matmul),
+  (UPat(Ops.KERNEL, name="k"), offer_split_reduction),
   (UPat(Ops.KERNEL, name="k"), call_kernel),
   (UPat(Ops.SINK, name="node", arg="steps"), splice_sinks)  # a rule that made several steps of one,
 ], name="host")

@@ -11,9 +11,12 @@ On disk: `<cache dir>/pick/<sha256 of key and machine>.json` holding {"key": [..
 written atomically by runtime/cache.py's writer (a separate format from the compiled-artifact entries). A file that
 cannot be read, or names a choice that is not among the candidates, is measured again and rewritten.
 GRAFT_CACHE=0 keeps picks in memory only.
+
+`mode(variable, zero, one)` reads the environment variable that forces a choice (GRAFT_EXTERN for library calls,
+GRAFT_SPLIT_REDUCE for split reductions on a GPU): "off" for 0, "on" for 1, "pick" (time both) when unset.
 """
 from __future__ import annotations
-import hashlib, json, statistics, threading
+import hashlib, json, os, statistics, threading
 from pathlib import Path
 from typing import Callable
 from runtime import cache
@@ -22,6 +25,16 @@ FORMAT = "graft-pick-1"
 RUNS = 3
 _memory: dict[str, str] = {}
 _lock = threading.Lock()
+
+
+def mode(variable: str, zero: str, one: str) -> str:
+  """"off", "on" or "pick" from `variable` (0, 1, unset); anything else is a ValueError naming the choices."""
+  v = os.environ.get(variable, "")
+  if v not in ("", "0", "1"): raise ValueError(f"{variable}={v!r}: use 0 ({zero}), 1 ({one}) or leave it unset (time both)")
+  return {"": "pick", "0": "off", "1": "on"}[v]
+
+
+def split_mode() -> str: return mode("GRAFT_SPLIT_REDUCE", "one kernel per reduction", "split reductions where offered")
 
 
 def _digest(key: tuple[str, ...]) -> str:

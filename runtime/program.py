@@ -10,6 +10,7 @@ alive at once under the plan, `unplanned_bytes` what every intermediate in a buf
 """
 from __future__ import annotations
 import time, weakref
+from typing import Callable
 import numpy as np
 from rewrite import UOp, Ops
 from rules.host import Extern, nbytes
@@ -82,11 +83,21 @@ class Program:
         what = f"{p['m']}x{p['n']}x{p['k']} ({'A' if p['trans_a'] == 'N' else 'A^T'}, {'B' if p['trans_b'] == 'N' else 'B^T'})"
         lines.append(f"extern {ext.name} {what}  {self._io(names, idx, 1)}" +
                      (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
+      elif step.op is Ops.PICK:
+        options = [(name, [(kernels[norm], [idx[i] for i in at]) for norm, at in calls]) for name, calls in step.arg.options]
+        self.steps.append(("pick", options, [None]))   # [choice]: None until the first run picks
+        (_, first), others = options[0], options[1:]
+        written = len(step.arg.options[0][1][0][0].src)
+        scratch = [names[i] for i in idx[len(first[0][1]):]]
+        lines.append(f"pick   {first[0][0].name}  {self._io(names, idx[:len(first[0][1])], written)}" +
+                     (f" (scratch {', '.join(scratch)})" if scratch else "") +
+                     "".join(f"  or {name}: {' then '.join(ck.name for ck, _ in calls)}" for name, calls in others) +
+                     ", the fastest on first use")
       else: raise ValueError(f"host program step {step.op} has no runtime meaning")
     self.storages = [(s.device, s.nbytes) for s in storages]
     self.outputs = [(dt, view, index[b]) for dt, view, b in outputs]
     self.names, self.peak_bytes, self.unplanned_bytes = names, peak, unplanned
-    calls = sum(s[0] in ("call", "extern") for s in self.steps)
+    calls = sum(s[0] in ("call", "extern", "pick") for s in self.steps)
     head = f"host program: {len(self.steps)} steps, {calls} calls; intermediates peak {_size(peak)} (unplanned {_size(unplanned)})"
     ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {self._existing(e)}"
            for i, e in enumerate(self.table) if e[0] != "temp"]
@@ -96,7 +107,12 @@ class Program:
 
   def kernels_called(self) -> list:
     """The compiled kernel of each call (for a library call, the generated kernel it may run instead)."""
-    return [s[3] if s[0] == "extern" else s[1] for s in self.steps if s[0] in ("call", "extern")]
+    called = []
+    for s in self.steps:
+      if s[0] == "call": called.append(s[1])
+      elif s[0] == "extern": called.append(s[3])
+      elif s[0] == "pick": called += [ck for _, calls in s[1] for ck, _ in calls]
+    return called
 
   @staticmethod
   def _io(names: list[str], idx: list[int], written: int) -> str:
@@ -150,6 +166,13 @@ class Program:
     elif kind == "call":
       _, ck, idx = step
       _run_kernel(ck, [handles[i] for i in idx], debug)
+    elif kind == "pick":
+      _, options, choice = step
+      if choice[0] is None:
+        choice[0], why = self._pick_option(options, handles)
+        self.ran.append(f"{' or '.join(name for name, _ in options)}: {choice[0]} ({why})")
+      if debug >= 2 and self.ran: print("\n".join(f"  {r}" for r in self.ran)); self.ran.clear()
+      for ck, idx in dict(options)[choice[0]]: _run_kernel(ck, [handles[i] for i in idx], debug)
     else:
       _, ext, fn, ck, idx, choice = step
       args = [handles[i] for i in idx]
@@ -179,6 +202,22 @@ class Program:
       return time.perf_counter() - t0
     key = (ext.name, ck.name, repr(ext.params), ck.device, getattr(dev, "device_name", ck.device))
     return pick.choose(key, {"extern": run_extern, "generated": run_generated})
+
+
+  @staticmethod
+  def _pick_option(options: list, handles: list) -> tuple[str, str]:
+    """Time each option (its kernels in order, waited for) on the step's buffers; the fastest, remembered on disk."""
+    dev = get_device(options[0][1][0][0].device)
+    def timed(calls) -> Callable[[], float]:
+      def run() -> float:
+        t0 = time.perf_counter()
+        for ck, idx in calls: ck.program(*[handles[i] for i in idx], global_size=ck.global_size, local_size=ck.local_size)
+        dev.synchronize()
+        return time.perf_counter() - t0
+      return run
+    key = ("variants", *(f"{name}: {' '.join(ck.name for ck, _ in calls)}" for name, calls in options),
+           getattr(dev, "device_name", dev.name))
+    return pick.choose(key, {name: timed(calls) for name, calls in options})
 
 
 def _run_kernel(ck, handles: list, debug: int) -> None:

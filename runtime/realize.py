@@ -20,11 +20,11 @@ from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer
 from rules.host import HostContext
 from rules.strided_view import View
-from rules.gpu import launch_dims, GridContext
+from rules.gpu import launch_dims, GridContext, MULTIPROCESSORS
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
-from . import extern
+from . import extern, pick
 from .search import lower_planned
 
 
@@ -134,7 +134,7 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   targets = targets or [None] * len(outputs)
   structure = graph_key(uops)
   target_key = tuple(None if t is None else (id(t[0].arg), t[1]) for t in targets)
-  key = (structure, tuple(devices), target_key, pipeline.version, extern.mode())
+  key = (structure, tuple(devices), target_key, pipeline.version, extern.mode(), pick.split_mode())
   with _lock: hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
@@ -177,18 +177,16 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     if any(k.op is Ops.KERNEL and any(st.src[0].src[0] is b for st in k.src) for k in kernels): wanted[b] = t
     else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
       kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
-  run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode())
+  run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode(), grid_multiprocessors, pick.split_mode())
   host = pipeline.run(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), "host", run)
   compiled: dict[UOp, CompiledKernel] = {}
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
-  for step in host.src:
-    if step.op not in (Ops.CALL, Ops.EXTERN): continue
-    norm = step.arg if step.op is Ops.CALL else step.arg.kernel
+  for norm, buffers in (call for step in host.src for call in kernel_calls(step)):
     key = (norm, norm.arg, pipeline.version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
-      ck = _compile(norm, list(step.src), norm.arg)
+      ck = _compile(norm, buffers, norm.arg)
       # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
       # to one text: one compiled function serves both
       name_key = (ck.name, norm.arg, pipeline.version)
@@ -200,6 +198,21 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   explanations = run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) + \
     (run.fuse.inlined if run.fuse else [])
   return _Lowered(host, compiled, new, returned, outputs, explanations)
+
+
+def kernel_calls(step: UOp) -> list[tuple[UOp, list[UOp]]]:
+  """(normalized kernel, the buffers filling its slots) of every kernel a host step may call."""
+  if step.op is Ops.CALL: return [(step.arg, list(step.src))]
+  if step.op is Ops.EXTERN: return [(step.arg.kernel, list(step.src))]
+  if step.op is Ops.PICK: return [(norm, [step.src[i] for i in idx]) for _, calls in step.arg.options for norm, idx in calls]
+  return []
+
+
+def grid_multiprocessors(device: str) -> int | None:
+  """The SM count the host stage sizes split reductions by, on a device whose loops are a grid of threads (the
+  driver's count, or the plan's default where no GPU answers); None on any other device, which splits none."""
+  if not getattr(renderer_of(device), "device_loops", False): return None
+  return _multiprocessors(device, True) or MULTIPROCESSORS
 
 
 def _build(low: _Lowered) -> Program:

@@ -12,3 +12,13 @@ def test_rewrite_engine_bench_prints_a_table():
   assert lines[0].startswith("| measure") and "graft" in lines[0]
   for row in ("(a) dispatch", "(b) rewrite", "(c) build"): assert any(row in l for l in lines), row
   assert any("UOps/s" in l for l in lines)
+
+
+def test_gpu_reduce_bench_runs_its_table_on_the_cpu():
+  # on the CPU no split is offered: the table's split column says so ("-"); on a GPU it holds the split's times
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_reduce.py"), "--device", "CPU", "--quick"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[1].startswith("| input") and "one kernel" in lines[1] and "split" in lines[1]
+  assert len([l for l in lines if l.startswith("| ") and "x" in l.split("|")[1]]) == 3

@@ -76,8 +76,8 @@ def test_a_bad_graft_extern_names_the_choices(monkeypatch):
 def cublas_include() -> str | None:
   dirs = [os.environ.get("CUBLAS_INCLUDE", ""), *glob.glob("/usr/local/cuda*/include")]
   try:
-    import nvidia.cublas as nc
-    dirs += [os.path.join(p, "include") for p in nc.__path__]
+    import nvidia   # NVIDIA's wheels: nvidia/cu13/include (CUDA 13), nvidia/cublas/include (CUDA 12)
+    dirs += [os.path.join(p, sub, "include") for p in nvidia.__path__ for sub in ("cu13", "cublas")]
   except ImportError: pass
   return next((d for d in dirs if d and os.path.exists(os.path.join(d, "cublas_v2.h"))), None)
 
@@ -100,10 +100,7 @@ def test_cublas_sgemm_declaration_matches_the_header(tmp_path):
 def test_cublas_library_resolves_the_declared_functions():
   ffi = cffi.FFI()
   ffi.cdef(extern.CUBLAS_CDEF)
-  for name in extern.CUBLAS_LIBS:
-    try: lib = ffi.dlopen(name); break
-    except OSError: continue
-  else: pytest.skip("libcublas is not installed here")
+  if (lib := extern._open_cublas(ffi)) is None: pytest.skip(f"libcublas is not installed here (looked for {extern.cublas_candidates()})")
   assert lib.cublasSgemm_v2 and lib.cublasCreate_v2
 
 
@@ -120,3 +117,25 @@ def test_a_matmul_assigned_into_rows_of_a_tensor_writes_only_those_rows_with_sge
   assert "extern sgemm" in str(last_program())
   expect[36:] = a @ b
   np.testing.assert_allclose(t.numpy(), expect, rtol=1e-4, atol=1e-4)
+
+
+def cuda_gpu():
+  from runtime.device import get_device
+  from runtime.cuda import CUDAUnavailable
+  try: return get_device("CUDA")
+  except CUDAUnavailable as e: pytest.skip(f"no usable CUDA GPU here: {str(e).split(' (')[0]}")
+
+
+@pytest.mark.parametrize("layout", ["(A, B)", "(A, B^T)", "(A^T, B)", "(A^T, B^T)"])
+def test_cublas_sgemm_on_a_gpu_matches_numpy_in_every_layout(monkeypatch, layout):
+  cuda_gpu()
+  if extern.routine("CUDA", "sgemm") is None: pytest.skip(f"no libcublas found (looked for {extern.cublas_candidates()})")
+  monkeypatch.setenv("GRAFT_EXTERN", "1")
+  ta, tb = "A^T" in layout, "B^T" in layout
+  A = Tensor(a.T.copy(), device="CUDA").T if ta else Tensor(a, device="CUDA")
+  B = Tensor(b.T.copy(), device="CUDA").T if tb else Tensor(b, device="CUDA")
+  t = Tensor(rng.standard_normal((100, 48)).astype(np.float32), device="CUDA")
+  t[30:94] = A @ B   # at an offset of the output's buffer
+  assert f"extern sgemm 64x48x40 {layout}" in str(last_program())
+  np.testing.assert_allclose(t.numpy()[30:94], a @ b, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)

@@ -12,7 +12,9 @@ from rewrite import Ops, UOp, dtypes
 from rewrite.graph_rewrite import RuleError
 from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
                        InvalidGridPlan)
-from rules.pipeline import Run, lower_kernel, schedule
+from rules.gpu_split import split_reduction_plan
+from rules.pipeline import Run, lower_kernel, schedule, pipeline
+from rules.host import HostContext
 from rules.realize import NewBuffer, normalize
 from tensor import Tensor
 
@@ -79,21 +81,29 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       pc += 1
 
 
-def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS) -> list[np.ndarray]:
-  """The tensors computed through the GPU stages for a GPU of `multiprocessors` SMs, in the model grid; inputs come
-  from their CPU buffers."""
+def host_steps(tensors, multiprocessors: int = MULTIPROCESSORS, split: str = "off") -> tuple[list[UOp], list[UOp]]:
+  """(the host program's steps, the realized outputs) of the tensors scheduled for a GPU of `multiprocessors` SMs;
+  `split` "on" splits every reduction the heuristic offers to split, "off" none."""
   run = Run("CPU", parallel=False, device_loops=True)
   kernels, realized = schedule([t.uop for t in tensors], ["CPU"] * len(tensors), run)
+  run.host = HostContext(frozenset(u.src[0] for u in realized), multiprocessors=lambda device: multiprocessors, split_mode=split)
+  return list(pipeline.run(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), "host", run).src), realized
+
+
+def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS, split: str = "off") -> list[np.ndarray]:
+  """The tensors computed through the GPU stages for a GPU of `multiprocessors` SMs, in the model grid, each kernel
+  call of the host program in turn; inputs come from their CPU buffers."""
+  steps, realized = host_steps(tensors, multiprocessors, split)
   arrays: dict = {}
   def array_of(b):
     if b not in arrays: arrays[b] = np.zeros(b.arg.size, b.dtype.np) if isinstance(b.arg, NewBuffer) else b.arg.numpy()
     return arrays[b]
-  for k in kernels:
-    assert k.op is Ops.KERNEL
-    norm, bufs = normalize(k)
-    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors)))
+  for step in steps:
+    if step.op in (Ops.ALLOC, Ops.FREE): continue
+    assert step.op is Ops.CALL
+    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors)))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
-    run_grid(linear, {i: array_of(b) for i, b in enumerate(bufs)})
+    run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
 
 
@@ -235,3 +245,68 @@ def test_softmax_and_layernorm_are_one_kernel_on_a_gpu():
   for t in (x.softmax(1), x.layernorm(1)):
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
     assert len(kernels) == 1
+
+
+# ---- a reduction of few, long rows split over blocks: partials into a scratch buffer, then a kernel combining them
+
+def split_cases():
+  x, tall, wide = T(1024, 1024), T(8192, 96), T(4, 65536)
+  xn, tn, wn = x.numpy(), tall.numpy(), wide.numpy()
+  return [(x.sum(), xn.sum()), (x.mean(), xn.mean()), (x.max(), xn.max()), (tall.sum(0), tn.sum(0)),
+          (tall.max(0), tn.max(0)), (wide.sum(1), wn.sum(1)), (wide.max(1), wn.max(1)), (tall.var(0), tn.var(0, ddof=1)),
+          ((tall * 4).int().sum(0), (tn * 4).astype(np.int32).sum(0)), ((x > 3).any(), (xn > 3).any()),
+          (x.T.sum(), xn.sum()), (((x + 1).exp() * 0.5).sum(), (np.exp(xn + 1) * 0.5).sum())]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_a_split_reduction_and_the_one_kernel_give_numpys_values_in_the_model_grid(case):
+  t, want = split_cases()[case]
+  steps, _ = host_steps([t], split="on")
+  calls = [s for s in steps if s.op is Ops.CALL]
+  assert len(calls) >= 2 and any(s.op is Ops.ALLOC for s in steps)   # partials into a scratch buffer, then the combine
+  for split in ("on", "off"):
+    np.testing.assert_allclose(run_on_model_gpu(t, split=split)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_reductions_of_one_shape_grouped_in_one_kernel_split_together():
+  x = T(1024, 1024)
+  xn = x.numpy()
+  steps, _ = host_steps([x.sum(), x.max(), x.mean() + 1], split="on")
+  calls = [s for s in steps if s.op is Ops.CALL]
+  # one kernel of partials with a scratch buffer per reduction: the sum (which the mean shares) and the max
+  assert len(calls) == 2 and len(calls[0].arg.src) == 2 and len(calls[1].arg.src) == 3
+  for split in ("on", "off"):
+    got = run_on_model_gpu(x.sum(), x.max(), x.mean() + 1, split=split)
+    for g, w in zip(got, (xn.sum(), xn.max(), xn.mean() + 1)): np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+
+
+def test_the_split_heuristic_spreads_few_long_rows_over_the_gpu_and_leaves_the_rest():
+  def plan(t):
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    return [split_reduction_plan(k) for k in kernels]
+  # a row reduction: partial blocks for two waves of the GPU, each at least SPLIT_MIN_ROW_CHUNK long; the outer axis
+  assert plan(T(1024, 1024).sum()) == [GridOpt(GridKind.SPLIT, 0, 512)] and repr(plan(T(1024, 1024).sum())[0]) == "split_reduce(0, 512)"
+  assert plan(T(4, 65536).sum(1)) == [GridOpt(GridKind.SPLIT, 1, 32)]
+  # a column reduction: a thread per partial, one wave of them
+  assert plan(T(8192, 96).sum(0)) == [GridOpt(GridKind.SPLIT, 0, 256)]
+  # many rows fill the GPU already; short rows, lengths without a divisor, reductions of several shapes: not split
+  # a reduction nested in another (x.mean() inlined into x.var()'s kernel by gpu_fuse): not split either
+  for t in (T(4096, 4096).sum(1), T(64, 2048).sum(1), T(4099).sum(), T(1024, 1024).softmax(1), T(32, 48) + 1,
+            T(1024, 1024).var()):
+    assert plan(t) == [None] * len(plan(t)), t
+
+
+def test_a_gpu_plan_offers_both_and_graft_split_reduce_forces_one(monkeypatch):
+  # the host program planned for CUDA (rendered, not compiled: no GPU needed; t0 stands in for x there) lists the choice
+  from runtime.realize import plan
+  x = T(1024, 1024)
+  monkeypatch.delenv("GRAFT_SPLIT_REDUCE", raising=False)
+  listing = str(plan([(x.sum().uop, "CPU")], device="CUDA"))
+  assert "pick   r_scalar_" in listing and "out0 <- t0 (scratch t1)  or split_reduce(0, 512): r_512_1_1_" in listing
+  monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "1")
+  listing = str(plan([(x.sum().uop, "CPU")], device="CUDA"))
+  assert "pick" not in listing and listing.count("call   ") == 2 and "alloc  t0 float32[512]" in listing
+  monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "0")
+  assert str(plan([(x.sum().uop, "CPU")], device="CUDA")).count("call   ") == 1
+  monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "2")
+  with pytest.raises(ValueError, match="GRAFT_SPLIT_REDUCE='2': use 0"): plan([(x.sum().uop, "CPU")], device="CUDA")

@@ -59,3 +59,39 @@ def test_a_matmul_picks_between_sgemm_and_generated_code_and_says_why(fresh, mon
   np.testing.assert_allclose((Tensor(b.T.copy()) @ Tensor(a.T.copy())).numpy(), b.T @ a.T, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
   assert "measured by an earlier process" in capsys.readouterr().out
+
+
+def test_a_reduction_picks_between_one_kernel_and_its_split_and_a_later_process_reuses_it(fresh, monkeypatch, capsys):
+  # the host stage offers the split on a device whose loops are a grid; told the CPU is one (132 SMs), the same PICK
+  # step runs here on real kernels: both options timed on first use, the faster remembered on disk
+  import runtime.realize as rr
+  monkeypatch.setattr(rr, "grid_multiprocessors", lambda device: 132)
+  monkeypatch.delenv("GRAFT_SPLIT_REDUCE", raising=False)
+  monkeypatch.setenv("DEBUG", "2")
+  x = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
+  np.testing.assert_allclose(Tensor(x).sum().numpy(), x.sum(), rtol=1e-4)
+  out = capsys.readouterr().out
+  assert "or split_reduce(0, 512): r_512_1_1_" in str(last_program())
+  assert "one kernel or split_reduce(0, 512): " in out and "fastest on first use (one kernel " in out
+  pick.forget()   # as a new process would start
+  np.testing.assert_allclose(Tensor(x + 1).sum().numpy(), (x + 1).sum(), rtol=1e-4)
+  assert "measured by an earlier process" in capsys.readouterr().out
+
+
+def test_on_a_gpu_a_long_reduction_runs_either_way_and_the_pick_says_which(fresh, monkeypatch, capsys):
+  from runtime.device import get_device
+  from runtime.cuda import CUDAUnavailable
+  try: get_device("CUDA")
+  except CUDAUnavailable as e: pytest.skip(f"no usable CUDA GPU here: {str(e).split(' (')[0]}")
+  x = np.random.default_rng(2).standard_normal((2048, 2048)).astype(np.float32)
+  t = Tensor(x, device="CUDA")
+  for mode in ("0", "1"):
+    monkeypatch.setenv("GRAFT_SPLIT_REDUCE", mode)
+    np.testing.assert_allclose(t.sum().numpy(), x.sum(dtype=np.float64), rtol=1e-4)
+    np.testing.assert_allclose(t.sum(0).numpy(), x.sum(0), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(t.max().numpy(), x.max())
+  monkeypatch.delenv("GRAFT_SPLIT_REDUCE")
+  monkeypatch.setenv("DEBUG", "2")
+  np.testing.assert_allclose(t.sum().numpy(), x.sum(dtype=np.float64), rtol=1e-4)
+  out = capsys.readouterr().out
+  assert "one kernel or split_reduce(0, " in out and "fastest on first use" in out, out

@@ -13,6 +13,7 @@ import pytest
 
 from rewrite import Ops
 from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, GridContext, launch_dims
+from rules.gpu_split import split_reduction_plan, split_reduction
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 from runtime import cuda
@@ -33,6 +34,9 @@ def programs():
   def t(*shape, dtype=np.float32): return Tensor(rng.standard_normal(shape).astype(dtype), device="CPU")
   x, y, odd, big = t(32, 48), t(32, 48), t(7, 37), t(3, 5000)
   img, w = t(2, 3, 9, 9), t(4, 3, 3, 3)
+  long, wide = t(1024, 1024), t(4, 65536)
+  long_reductions = [long.sum(), long.max(), t(8192, 96).sum(0), wide.sum(1), wide.mean(1), (long > 0).any(),
+                     long.half().sum(), (long * 4).int().sum()]
   return [
     [((x * y + 1).exp() - x).relu(), x.sin() / y.sqrt().abs(), (x < y).where(x, y), x.maximum(y).clip(-1, 1), t(129, 200) * 2],
     [x.sum(1), x.sum(0), x.sum(), x.max(1), x.min(0), x.mean(), x.var(1), x.argmax(1), odd.sum(1), big.sum(1)],
@@ -44,13 +48,19 @@ def programs():
     [x.half() * 2, x.half().sum(1), x.half().max(1), x.int().sum(1), (x > 0).any(1), (x > 0).all(0),
      x.cast(np.int8).max(1), x.double().sum(0), x.long() + 3, Tensor.arange(1000, device="CPU").float().sum()],
     [Tensor.rand(64, 33, seed=1, device="CPU"), Tensor.eye(5, device="CPU")],
+    # few, long rows, one a group (reductions of one shape would share a kernel): each also split into partials and
+    # their combine (below)
+    *([r] for r in long_reductions),
   ]
 
 
 def gpu_kernels_of(tensors) -> list:
+  """The kernels of the tensors scheduled for a GPU, and for each reduction the GPU may split, its two kernels too."""
   run = Run("CPU", parallel=False, device_loops=True)
   kernels, _ = schedule([u.uop for u in tensors], [u.device for u in tensors], run)
-  return [normalize(k)[0] for k in kernels if k.op is Ops.KERNEL]
+  kernels = [k for k in kernels if k.op is Ops.KERNEL]
+  split = [k2 for k in kernels if (opt := split_reduction_plan(k)) is not None for k2 in split_reduction(k, opt)[:2]]
+  return [normalize(k)[0] for k in kernels + split]
 
 
 def test_every_kernel_compiles_for_cuda(tmp_path):

@@ -1,0 +1,91 @@
+"""Split reductions: a GPU's second way to run a reduction of few, long rows (rules/host.py offers both, the runtime
+times them on first use: runtime/pick.py).
+
+One block of lanes per row (rules/gpu.py) leaves most of a GPU idle when the rows are few: `x.sum()` of 4096x4096 is one
+block on one of 132 multiprocessors; a column sum `x.sum(0)` is a thread per output, 4096 threads. The record
+`split_reduce(axis, parts)` (`GridKind.SPLIT`, chosen by `split_reduction_plan`) says: read the reduction's source
+with `axis` split into (parts, length / parts), reduce everything but `parts` into a scratch buffer of partials (many
+rows: the grid planner gives them blocks or threads across the whole GPU), then reduce the partials over `parts`.
+
+`split_reduction(kernel, opt) -> (partials, combine, scratches)`: in, a tensor-level KERNEL whose reductions
+`splittable_reductions` accepts; out, two tensor-level KERNELs over the same buffers plus new scratch BUFFERs, which
+compute the same values up to float rounding (the sums are associated differently); they go through the kernel stages
+like any other kernel.
+"""
+from __future__ import annotations
+import math
+from rewrite import UOp, Ops, substitute
+from .strided_view import View
+from .realize import NewBuffer
+from .shapes import shape_of
+from .gpu import (GridKind, GridOpt, InvalidGridPlan, MAX_THREADS, MULTIPROCESSORS, RESIDENT_THREADS, LOOP_THREADS,
+                  walks_rows, _buffer_views)
+
+SPLIT_MIN_LENGTH = 4096      # a reduction shorter than this is never split: one block takes it in a few steps
+SPLIT_MIN_ROW_CHUNK = 2048   # a partial of a row reduction keeps at least this many elements (a block of lanes, several each)
+SPLIT_MIN_COLUMN_CHUNK = 32  # a partial of a column reduction (a thread each) keeps at least this many
+
+
+def _divisors(n: int) -> list[int]:
+  small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+  return sorted(set(small + [n // d for d in small]))
+
+
+def splittable_reductions(kernel: UOp) -> list[UOp] | None:
+  """The reductions of a kernel (several where kernels of one shape were grouped) when they all reduce sources of one
+  shape over the same axes by ADD or MAX, and each source reads buffers through views and holds no other reduction;
+  None for any other kernel."""
+  if kernel.op is not Ops.KERNEL: return None
+  reds = list(dict.fromkeys(n for st in kernel.src for n in st.src[1].toposort if n.op is Ops.REDUCE_AXIS))
+  if not reds or len({(shape_of(r.src[0]), r.arg[1]) for r in reds}) != 1: return None
+  if any(r.arg[0] not in (Ops.ADD, Ops.MAX) or _buffer_views(r.src[0]) is None or
+         any(n.op is Ops.REDUCE_AXIS for n in r.src[0].toposort) for r in reds): return None
+  return reds
+
+
+def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> GridOpt | None:
+  """The heuristic for a kernel of reductions of few, long rows: `split_reduce(axis, parts)`, or None where the
+  kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
+  a column reduction one thread an output: when that, times the outputs, is less than the GPU holds at once
+  (multiprocessors x RESIDENT_THREADS), the reduction is split along one reduced axis into `parts` partials, a divisor
+  of the axis's length (sizes that do not divide are not split): as many as give two waves of blocks of LOOP_THREADS
+  lanes (rows) or one wave of threads (columns), each partial keeping a chunk long enough to be worth its block or
+  thread. The outermost axis wins a tie, so a row's partials read contiguous chunks."""
+  if (reds := splittable_reductions(kernel)) is None: return None
+  shape, axes = shape_of(reds[0].src[0]), reds[0].arg[1]
+  length = math.prod(shape[a] for a in axes)
+  outputs = math.prod(shape) // length if length else 0
+  rows = walks_rows(reds)
+  resident = multiprocessors * RESIDENT_THREADS
+  if length < SPLIT_MIN_LENGTH or outputs * (MAX_THREADS if rows else 1) >= resident: return None
+  most = (2 * resident // LOOP_THREADS if rows else resident) // outputs
+  chunk = SPLIT_MIN_ROW_CHUNK if rows else SPLIT_MIN_COLUMN_CHUNK
+  best = max(((parts, -a) for a in sorted(axes) for parts in _divisors(shape[a])
+              if 2 <= parts <= most and length // parts >= chunk), default=None)
+  return None if best is None else GridOpt(GridKind.SPLIT, -best[1], best[0])
+
+
+def split_reduction(kernel: UOp, opt: GridOpt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+  """(partials, combine, scratch buffers) carrying out `split_reduce(axis, parts)` on a kernel `split_reduction_plan`
+  chose: each reduction's source is read reshaped with `axis` split into (parts, its length / parts); the first kernel
+  reduces every axis the reductions reduced but keeps `parts` (one partial per part) and stores the partials of each
+  reduction in a new scratch buffer; the second is the kernel itself with each reduction replaced by the reduction of
+  its partials over `parts`. Values are unchanged up to float rounding (the sums are associated differently)."""
+  reds = splittable_reductions(kernel)
+  (_, axes), shape, a, parts = reds[0].arg, shape_of(reds[0].src[0]), opt.axis, opt.amount
+  if a not in axes or shape[a] % parts: raise InvalidGridPlan(f"{opt!r}: axis {a} of {shape} is not a reduced axis that {parts} divides")
+  split_shape = shape[:a] + (parts, shape[a] // parts) + shape[a + 1:]
+  inner = tuple(b + (b >= a) for b in axes)   # the reduced axes in split_shape: all but the parts
+  partial_shape = tuple(1 if d in inner else s for d, s in enumerate(split_shape))
+  combine_shape = tuple(parts if d == a else 1 if d in axes else s for d, s in enumerate(shape))
+  stores, combined, scratches = [], {}, []
+  for red in reds:
+    scratch = UOp(Ops.BUFFER, red.dtype, (), NewBuffer(math.prod(partial_shape), kernel.arg, -1 - len(scratches)))
+    src = UOp(Ops.VIEW, red.src[0].dtype, (red.src[0],), View.contiguous(split_shape))   # a reshape
+    stores.append(UOp(Ops.STORE, src=(UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(partial_shape)),
+                                      UOp(Ops.REDUCE_AXIS, red.dtype, (src,), (red.arg[0], inner)))))
+    read = UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(combine_shape))
+    combined[red] = UOp(Ops.REDUCE_AXIS, red.dtype, (read,), (red.arg[0], (a,)))
+    scratches.append(scratch)
+  partials = UOp(Ops.KERNEL, src=tuple(stores), arg=kernel.arg)
+  return partials, substitute(kernel, combined, name="gpu.split_reduce"), tuple(scratches)
