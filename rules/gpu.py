@@ -12,8 +12,8 @@ whose reads walk memory along its reduced axis (`walks_rows`: a row reduction, n
 row length; every reader must read the result only broadcast along the reduced axes (else it would be recomputed per
 element); nothing between the two kernels may write what the reduction reads.
 
-Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext`): in, a lowered kernel `SINK(STORE...)`; out,
-the same SINK with arg `GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads),
+Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
+which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg `GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads),
 how many rows a block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
 lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
 the index every planned loop becomes, for the next stage.
@@ -412,15 +412,22 @@ def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
   ctx.gate = both(row_guard, lane < 1 if lanes > 1 and not columns else None)
 
 
-def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
-  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
-  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
+def choose_grid_plan(ctx: GridContext, sink: UOp) -> None:
+  """The policy, run by the pipeline before the `gpu` rules (Stage.prepare): the plan `ctx.choose` gives (default: the
+  heuristic `grid_plan`), checked, and laid out once into the context for the rules of this stage and the next."""
+  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return
+  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return   # mapped already
   loops = kernel_loops(sink)
   plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops, ctx.multiprocessors)
   check_grid_plan(plan, loops)
   ctx.plan = plan
   lay_out(ctx, sink, loops)
-  return sink.replace(arg=plan)
+
+
+def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
+  """The kernel carries the grid plan chosen for it (shown at DEBUG=2; a mapped kernel is not planned again)."""
+  if ctx.plan is None or isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
+  return sink.replace(arg=ctx.plan)
 
 
 grid_plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_grid_plan)], name="gpu")
