@@ -19,7 +19,7 @@ from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
-from .host import host_rules, memory_rules, HostContext
+from .host import host_rules, memory_rules, index_lifetimes, HostContext
 
 
 @dataclass
@@ -150,7 +150,7 @@ pipeline = Pipeline([
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),
-  Stage("memory", memory_rules, "host", _host_ctx),
+  Stage("memory", memory_rules, "host", _host_ctx, prepare=index_lifetimes),
 ])
 
 
