@@ -17,8 +17,10 @@ through nested definitions, the module's own definitions and its `from ... impor
 every method named f of a class in rules/ (an over-approximation: it can only lower the figure); a module-level rule
 set a function mentions (`graph_rewrite(u, _to_slots)`) leads to its rules' functions; a class mentioned leads to its
 own `__init__`/`__post_init__`. Lines are the non-blank lines of a function, less those of functions nested in it.
-The share is (lines reached only from whole-graph rules) / (lines reached from any rule of the pipeline).
-It is a static measure of the code's shape, not of time.
+The share is (lines reached only from whole-graph rules) / (lines reached from any rule of the pipeline). What the
+pipeline calls before a stage's rules (`Stage.prepare`: a policy choosing a kernel's plan, an index of the schedule)
+is reached from no rule; its lines are printed apart, so nothing moved there goes unseen. It is a static measure of
+the code's shape, not of time.
 """
 from __future__ import annotations
 import argparse, ast, importlib, os, sys
@@ -117,7 +119,8 @@ def read_sources():
 
 
 def build_graph():
-  """(functions by name, rules: list of (stage, rule name, pattern, whole_graph, function name or None))."""
+  """(functions by name, rules: list of (stage, rule name, pattern, whole_graph, function name or None), the stages'
+  prepare functions: list of (stage, function name))."""
   from rewrite import PatternMatcher, Ops
   from rules.pipeline import pipeline
   readers = read_sources()
@@ -156,13 +159,14 @@ def build_graph():
     for a in f.attrs:
       f.edges.update(methods.get(a, ()))
       if (imp := readers[mod].imports.get(a)): f.edges.update(resolve(*imp))
-  rules = []
+  rules, prepares = [], []
   for stage in pipeline:
+    if stage.prepare is not None: prepares.append((stage.name, fn_of(stage.prepare)))
     for rule in stage.rules.rules:
       alts = rule.pattern.expand_alternatives()
       whole = all(p.op == frozenset({Ops.SINK}) for p in alts)
       rules.append((stage.name, rule.name, rule.pattern, whole, fn_of(rule.fn)))
-  return fns, rules
+  return fns, rules, prepares
 
 
 def reached(fns: dict[str, Fn], roots) -> set[str]:
@@ -175,15 +179,28 @@ def reached(fns: dict[str, Fn], roots) -> set[str]:
   return seen
 
 
-def measure():
-  """(share, lines only behind whole-graph rules, lines reached by rules, those functions by lines, the rules)."""
-  fns, rules = build_graph()
+@dataclass
+class Reach:
+  share: float                         # behind / total
+  behind: int                          # lines reached only from whole-graph rules
+  total: int                           # lines reached from any rule of the pipeline
+  only: list[tuple[str, int]]          # those functions, largest first, with their lines
+  rules: list[tuple]                   # (stage, rule name, pattern, whole_graph, function)
+  prepared: int                        # lines reached from the stages' prepare functions and from no rule
+  prepares: list[tuple[str, str, int]]  # (stage, its prepare function, the lines it reaches that no rule does)
+
+
+def measure() -> Reach:
+  fns, rules, prepares = build_graph()
   from_whole = reached(fns, [f for *_, whole, f in rules if whole])
   from_local = reached(fns, [f for *_, whole, f in rules if not whole])
   only = sorted(from_whole - from_local, key=lambda n: -fns[n].lines)
   total = sum(fns[n].lines for n in from_whole | from_local)
   behind = sum(fns[n].lines for n in only)
-  return behind / total, behind, total, [(n, fns[n].lines) for n in only if fns[n].lines], rules
+  by_rules = from_whole | from_local
+  prepared = sum(fns[n].lines for n in reached(fns, [f for _, f in prepares]) - by_rules)
+  per_prepare = [(stage, f, sum(fns[n].lines for n in reached(fns, [f]) - by_rules)) for stage, f in prepares]
+  return Reach(behind / total, behind, total, [(n, fns[n].lines) for n in only if fns[n].lines], rules, prepared, per_prepare)
 
 
 def main():
@@ -191,15 +208,18 @@ def main():
   ap.add_argument("--top", type=int, default=15, help="how many of the functions behind whole-graph rules to list")
   ap.add_argument("--rules", action="store_true", help="list every rule of the pipeline and how it is classed")
   args = ap.parse_args()
-  share, behind, total, only, rules = measure()
+  r = measure()
   if args.rules:
-    for stage, name, pattern, whole, fn in rules:
+    for stage, name, pattern, whole, fn in r.rules:
       print(f"  {'WHOLE' if whole else 'local'}  {stage:12s} {name:40s} {fn or '(outside rules/)'}")
-  print(f"function lines in rules/ reached by the pipeline's rules: {total}")
-  print(f"reached only from whole-graph rules (pattern on a SINK): {behind} ({share:.0%})")
-  for n, lines in only[:args.top]: print(f"  {lines:4d}  {n}")
-  whole_rules = sorted({f"{stage}: {name}" for stage, name, _, whole, _ in rules if whole})
+  print(f"function lines in rules/ reached by the pipeline's rules: {r.total}")
+  print(f"reached only from whole-graph rules (pattern on a SINK): {r.behind} ({r.share:.0%})")
+  for n, lines in r.only[:args.top]: print(f"  {lines:4d}  {n}")
+  whole_rules = sorted({f"{stage}: {name}" for stage, name, _, whole, _ in r.rules if whole})
   print(f"whole-graph rules ({len(whole_rules)}): {', '.join(whole_rules)}")
+  print(f"reached by no rule, only from what the pipeline calls before a stage's rules (Stage.prepare: policies that "
+        f"choose a plan, indexes of the schedule or program): {r.prepared} lines, from "
+        + ", ".join(f"{stage}: {fn.split(':')[1] if fn else '?'} ({lines})" for stage, fn, lines in r.prepares))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 These stages run only when `run.device_loops` (see rules/pipeline.py); the shared stages are unchanged.
 
-Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions` on each KERNEL, ctx: `FuseContext` with its index
-of the schedule, made by `FuseContext.index` before the rules run; kernels are decided one by one in schedule order,
-`inline_into_readers`, readers and writers looked up in the index, never searched): a kernel that only
+Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions` on each KERNEL, ctx: `FuseContext` with its
+index of the schedule, made by `FuseContext.index_schedule` before the rules run; kernels are decided one by one in
+schedule order by `inline_into_readers`, readers and writers looked up in the index, never searched): a kernel that only
 computes a row reduction which its readers read broadcast back along the reduced axes (the max and the sum of a
 softmax, the mean and the variance of a layer norm) is inlined into each reader and dropped, unless its buffer is an
 output of the realize. The reader then computes the reduction itself, once per row: on a GPU a group of lanes owns a
@@ -82,7 +82,7 @@ def size_of(loops) -> int: return math.prod(r.src[0].arg for r in loops)
 
 @dataclass
 class FuseContext:
-  """The gpu_fuse stage's context: its index of the schedule (made by `index` before the rules run) and the decisions,
+  """The gpu_fuse stage's context: its index of the schedule (`index_schedule`, before the rules run) and the decisions,
   made kernel by kernel in schedule order (a reduction is judged as the reductions inlined into it left it)."""
   outputs: set = field(default_factory=set)   # BUFFERs the realize returns: their kernels stay
   inlined: list[str] = field(default_factory=list)
@@ -93,7 +93,7 @@ class FuseContext:
   dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
   decided: int = 0                                              # kernels before this place are decided
 
-  def index(self, schedule: UOp) -> None:
+  def index_schedule(self, schedule: UOp) -> None:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
     self.current = list(schedule.src)
     self.position = {k: i for i, k in enumerate(self.current)}

@@ -137,8 +137,8 @@ class Pipeline:
 pipeline = Pipeline([
   Stage("realize", realize_rules, "graph"),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
-  Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index),
-  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index),
+  Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
+  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),

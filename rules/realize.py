@@ -11,8 +11,8 @@ Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext
 `COPY` by a new buffer and a copy record. The order of the records means nothing: the schedule runs the kernels in
 a toposort of the kernel graph (`in_dependency_order`: a kernel after the kernels whose buffers it reads).
 
-Stage `group` (rule set `group_rules`, ctx: `GroupDecisions`, its index made by `GroupDecisions.index` before the
-rules run) merges the kernels of one output shape, device and depth in the kernel graph into one kernel with several
+Stage `group` (rule set `group_rules`, ctx: `GroupDecisions`, its index made by `GroupDecisions.index_schedule`
+before the rules run) merges the kernels of one output shape, device and depth in the kernel graph into one kernel with several
 stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
 kernels of one depth never need one another, so no merge makes a cycle. A kernel that reads one of its own shape is
 refused with its reason.
@@ -217,7 +217,7 @@ class GroupDecisions:
   def note(self, to: list[str], why: str):
     if why not in self.said: self.said.add(why); to.append(why)
 
-  def index(self, schedule: UOp) -> None:
+  def index_schedule(self, schedule: UOp) -> None:
     """The index the group rules look candidates up in (the stage's prepare): kernels by (group key, depth in the kernel
     graph), and each buffer's writer. Linear in the schedule; no pair of kernels is ever tried."""
     kernels = schedule.src
