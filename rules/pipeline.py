@@ -1,6 +1,9 @@
 """The compiler on one screen: the ordered stages from a tensor graph to linear kernels.
 
-Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage).
+Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage), with
+a context made per application (`make_ctx`) and, where a stage has one, a `prepare(ctx, root)` called before its rules:
+it fills the context with an index the rules look things up in, or a policy's choice (a kernel's plan); it never
+rewrites.
 Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
 one kernel at a time; "host" rewrites the host program (rules/host.py: steps, then memory). A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
 `pipeline.replace` (see docs/rules.md).
@@ -129,7 +132,11 @@ class Pipeline:
     for stage in self.stages:
       if stage.scope != scope or (stage.applies is not None and not stage.applies(run)): continue
       ctx = stage.make_ctx(run) if stage.make_ctx else None
-      if stage.prepare is not None: stage.prepare(ctx, root)
+      if stage.prepare is not None:
+        try: stage.prepare(ctx, root)
+        except Exception as e:   # the error keeps its type (InvalidPlan, say); the note says where it came from
+          e.add_note(f"while preparing stage {stage.name!r} ({getattr(stage.prepare, '__qualname__', stage.prepare)})")
+          raise
       root = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down)
     return root
 

@@ -177,9 +177,10 @@ def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
   bad = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64), GridOpt(GridKind.ROWS, -1, 2)))
   odd_lanes = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 24), GridOpt(GridKind.ROWS, -1, 4)))
   for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (GridPlan(()), "not planned")):
-    # the plan is checked where the policy gives it, before any rule runs
-    with pytest.raises(InvalidGridPlan, match=why):
+    # the plan is checked where the policy gives it, before any rule runs; the error says which stage asked
+    with pytest.raises(InvalidGridPlan, match=why) as err:
       lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: plan)))
+    assert any("preparing stage 'gpu'" in note for note in err.value.__notes__)
 
 
 def test_the_grid_stages_carry_on_from_a_users_stage_before_them():
