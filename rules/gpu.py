@@ -15,8 +15,9 @@ row length; every reader must read the result only broadcast along the reduced a
 element); nothing between the two kernels may write what the reduction reads.
 
 Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
-which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg `GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads),
-how many rows a block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
+which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg
+`GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads), how many rows a
+block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
 lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
 the index every planned loop becomes, for the next stage.
 

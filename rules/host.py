@@ -206,15 +206,16 @@ def plan_next_step(m: MemoryPlan, storages: itertools.count) -> None:
 def plan_memory_of_step(ctx: HostContext, step: UOp) -> None:
   """A step's buffers get their storage, into the context (the step itself is unchanged). Steps are planned in program
   order whatever order the rules fire in: the free list a step sees is what the steps before it left."""
-  if (i := ctx.memory.place.get(step)) is None: return None
-  while len(ctx.memory.allocs) <= i: plan_next_step(ctx.memory, ctx.storages)
-  return None
+  if (i := ctx.memory.place.get(step)) is not None:
+    while len(ctx.memory.allocs) <= i: plan_next_step(ctx.memory, ctx.storages)
 
 
 def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:
   """Every step planned (rewriting is bottom-up), each is laid out between its ALLOCs and its FREEs; the FREE after
   which no ALLOC takes its storage again names that storage: the runtime gives it back to the device there."""
   m = ctx.memory
+  if len(m.allocs) < len(program.src):
+    raise ValueError(f"host program step {program.src[len(m.allocs)].op} is not a CALL, EXTERN or COPY: its memory cannot be planned")
   def free(b: UOp) -> UOp: return UOp(Ops.FREE, src=(b,), arg=m.storage_of[b] if m.last_free[m.storage_of[b]] is b else None)
   steps = [x for i, step in enumerate(program.src) for x in (*m.allocs[i], step, *map(free, m.dying.get(i, ())))]
   return program.replace(src=tuple(steps), arg="planned")
