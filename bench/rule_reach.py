@@ -161,7 +161,7 @@ def build_graph():
       if (imp := readers[mod].imports.get(a)): f.edges.update(resolve(*imp))
   rules, prepares = [], []
   for stage in pipeline:
-    if stage.prepare is not None: prepares.append((stage.name, fn_of(stage.prepare)))
+    if (prepare := getattr(stage, "prepare", None)) is not None: prepares.append((stage.name, fn_of(prepare)))  # older trees: none
     for rule in stage.rules.rules:
       alts = rule.pattern.expand_alternatives()
       whole = all(p.op == frozenset({Ops.SINK}) for p in alts)
