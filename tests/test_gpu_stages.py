@@ -235,3 +235,19 @@ def test_softmax_and_layernorm_are_one_kernel_on_a_gpu():
   for t in (x.softmax(1), x.layernorm(1)):
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
     assert len(kernels) == 1
+
+
+def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fire_in():
+  # layer norm: the mean is inlined into the variance before the variance is judged, then both into the output; the
+  # rule on each KERNEL decides the kernels ahead of it first, so rules fired last kernel first give the same schedule
+  from rules.gpu import FuseContext, inline_broadcast_reductions
+  t = T(32, 64).layernorm(-1)
+  kernels, realized = schedule([t.uop], ["CPU"], Run("CPU", parallel=False))   # what gpu_fuse would be given
+  def fused(order):
+    ctx = FuseContext({realized[0].src[0]})
+    ctx.index_schedule(UOp(Ops.SINK, src=tuple(kernels)))
+    made = {k: inline_broadcast_reductions(ctx, k) for k in order(kernels)}
+    return [k if made[k] is None else made[k] for k in kernels]
+  forward = fused(list)
+  assert len(kernels) == 3 and fused(lambda ks: ks[::-1]) == forward
+  assert [k.op for k in forward] == [Ops.SINK, Ops.SINK, Ops.KERNEL]   # two dropped (spliced out), one kernel left
