@@ -2,7 +2,9 @@
 
 These stages run only when `run.device_loops` (see rules/pipeline.py); the shared stages are unchanged.
 
-Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions`, ctx: `FuseContext`): a kernel that only
+Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions` on each KERNEL, ctx: `FuseContext` with its
+index of the schedule, made by `FuseContext.index_schedule` before the rules run; kernels are decided one by one in
+schedule order by `inline_into_readers`, readers and writers looked up in the index, never searched): a kernel that only
 computes a row reduction which its readers read broadcast back along the reduced axes (the max and the sum of a
 softmax, the mean and the variance of a layer norm) is inlined into each reader and dropped, unless its buffer is an
 output of the realize. The reader then computes the reduction itself, once per row: on a GPU a group of lanes owns a
@@ -12,9 +14,10 @@ whose reads walk memory along its reduced axis (`walks_rows`: a row reduction, n
 row length; every reader must read the result only broadcast along the reduced axes (else it would be recomputed per
 element); nothing between the two kernels may write what the reduction reads.
 
-Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext`): in, a lowered kernel `SINK(STORE...)`; out,
-the same SINK with arg `GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads),
-how many rows a block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
+Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
+which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg
+`GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads), how many rows a
+block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
 lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
 the index every planned loop becomes, for the next stage.
 
@@ -50,7 +53,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks
 from .strided_view import contiguous_strides, View
 from .realize import buffers_read, buffers_written
 from .shapes import shape_of
@@ -80,8 +83,31 @@ def size_of(loops) -> int: return math.prod(r.src[0].arg for r in loops)
 
 @dataclass
 class FuseContext:
+  """The gpu_fuse stage's context: its index of the schedule (`index_schedule`, before the rules run) and the decisions,
+  made kernel by kernel in schedule order (a reduction is judged as the reductions inlined into it left it)."""
   outputs: set = field(default_factory=set)   # BUFFERs the realize returns: their kernels stay
   inlined: list[str] = field(default_factory=list)
+  position: dict[UOp, int] = field(default_factory=dict)        # a kernel of the schedule -> its place
+  current: list[UOp] = field(default_factory=list)              # each kernel with the reductions inlined into it so far
+  readers: dict[UOp, list[int]] = field(default_factory=dict)   # a buffer -> the places of the kernels reading it
+  writers: dict[UOp, list[int]] = field(default_factory=dict)   # a buffer -> the places of the kernels writing it
+  dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
+  decided: int = 0                                              # kernels before this place are decided
+
+  def index_schedule(self, schedule: UOp) -> None:
+    """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
+    self.current = list(schedule.src)
+    self.position = {k: i for i, k in enumerate(self.current)}
+    for i, k in enumerate(self.current):
+      for b in buffers_read(k): self.readers.setdefault(b, []).append(i)
+      for b in buffers_written(k): self.writers.setdefault(b, []).append(i)
+
+  def decide_up_to(self, place: int) -> None:
+    """Decide every kernel up to `place`, in schedule order, whatever order the rules fire in: whether a reduction is
+    inlined depends on the reductions inlined into it before."""
+    while self.decided <= place:
+      inline_into_readers(self, self.decided)
+      self.decided += 1
 
 
 def _top_reductions(value: UOp) -> list[UOp]:
@@ -166,27 +192,40 @@ def _reads_broadcast(reader: UOp, out_view: UOp, axes: set[int]) -> bool:
   return all(st.src[0] not in holds for st in reader.src)
 
 
-def inline_broadcast_reductions(ctx: FuseContext, schedule: UOp) -> UOp | None:
-  kernels = list(schedule.src)
-  for pi, p in enumerate(kernels):
-    if p.op is not Ops.KERNEL or len(p.src) != 1: continue
-    out_view, value = p.src[0].src
-    buf = out_view.src[0]
-    if buf in ctx.outputs or not (reductions := _top_reductions(value)) or not walks_rows(reductions): continue
-    axes = set().union(*(r.arg[1] for r in reductions))
-    readers = [i for i in range(pi + 1, len(kernels)) if buf in buffers_read(kernels[i])]
-    if not readers or any(kernels[i].op is not Ops.KERNEL or kernels[i].arg != p.arg or
-                          not _reads_broadcast(kernels[i], out_view, axes) for i in readers): continue
-    # nothing run between the producer and its last reader may write what the producer reads
-    if any(buffers_written(k) & buffers_read(p) for k in kernels[pi + 1:readers[-1]]): continue
-    for i in readers: kernels[i] = substitute(kernels[i], {out_view: value}, name="gpu_fuse.inline")
-    ctx.inlined.append(f"kernel {pi} (a reduction over axes {sorted(axes)}) inlined into kernel(s) {readers}: "
-                       "they read it broadcast along the reduced axes")
-    return schedule.replace(src=tuple(kernels[:pi] + kernels[pi + 1:]))
-  return None
+def inline_into_readers(ctx: FuseContext, i: int) -> None:
+  """Kernel i, as the reductions inlined into it so far left it: when it only computes a row reduction that each of
+  its readers reads broadcast back along the reduced axes, it is inlined into them (their new form kept in ctx) and
+  dropped, unless its buffer is an output. The readers and writers come from the index."""
+  p = ctx.current[i]
+  if p.op is not Ops.KERNEL or len(p.src) != 1: return
+  out_view, value = p.src[0].src
+  buf = out_view.src[0]
+  if buf in ctx.outputs or not (reductions := _top_reductions(value)) or not walks_rows(reductions): return
+  axes = set().union(*(r.arg[1] for r in reductions))
+  readers = [j for j in ctx.readers.get(buf, ()) if j > i]
+  if not readers or any(ctx.current[j].op is not Ops.KERNEL or ctx.current[j].arg != p.arg or
+                        not _reads_broadcast(ctx.current[j], out_view, axes) for j in readers): return
+  # nothing run between the producer and its last reader may write what the producer reads
+  if any(i < w < readers[-1] and w not in ctx.dropped for b in buffers_read(p) for w in ctx.writers.get(b, ())): return
+  for j in readers: ctx.current[j] = substitute(ctx.current[j], {out_view: value}, name="gpu_fuse.inline")
+  ctx.dropped.add(i)
+  ctx.inlined.append(f"kernel {i} (a reduction over axes {sorted(axes)}) inlined into kernel(s) {readers}: "
+                     "they read it broadcast along the reduced axes")
 
 
-fuse_rules = PatternMatcher([(UPat(Ops.SINK, name="schedule"), inline_broadcast_reductions)], name="gpu_fuse")
+def inline_broadcast_reductions(ctx: FuseContext, k: UOp) -> UOp | None:
+  """A kernel of the schedule becomes what the fusion decisions made of it: an empty SINK (dropped from the schedule)
+  when it was inlined into its readers, the kernel with the reductions inlined into it when it reads some."""
+  if (i := ctx.position.get(k)) is None: return None
+  ctx.decide_up_to(i)
+  if i in ctx.dropped: return UOp(Ops.SINK)
+  return None if ctx.current[i] is k else ctx.current[i]
+
+
+fuse_rules = PatternMatcher([
+  (UPat(Ops.KERNEL, name="k"), inline_broadcast_reductions),
+  (UPat(Ops.SINK, name="node"), splice_sinks),   # inlined kernels, now empty, leave the schedule
+], name="gpu_fuse")
 
 
 # ---------------------------------------------------------------- the grid plan (data)
@@ -416,15 +455,22 @@ def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
   ctx.gate = both(row_guard, lane < 1 if lanes > 1 and not columns else None)
 
 
-def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
-  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
-  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None   # mapped already
+def choose_grid_plan(ctx: GridContext, sink: UOp) -> None:
+  """The policy, run by the pipeline before the `gpu` rules (Stage.prepare): the plan `ctx.choose` gives (default: the
+  heuristic `grid_plan`), checked, and laid out once into the context for the rules of this stage and the next."""
+  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return
+  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return   # mapped already
   loops = kernel_loops(sink)
   plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops, ctx.multiprocessors)
   check_grid_plan(plan, loops)
   ctx.plan = plan
   lay_out(ctx, sink, loops)
-  return sink.replace(arg=plan)
+
+
+def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
+  """The kernel carries the grid plan chosen for it (shown at DEBUG=2; a mapped kernel is not planned again)."""
+  if ctx.plan is None or isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
+  return sink.replace(arg=ctx.plan)
 
 
 grid_plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_grid_plan)], name="gpu")

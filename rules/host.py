@@ -13,11 +13,14 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
 reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
 
-Stage `memory` (rule set `memory_rules`, ctx: `HostContext`). In: the steps. Out: `SINK(steps, arg="planned")` with
+Stage `memory` (rule set `memory_rules`, ctx: `HostContext` with its `MemoryPlan`, whose index of lifetimes
+`index_lifetimes` makes before the rules run). In: the steps. Out: `SINK(steps, arg="planned")` with
 `ALLOC(b, arg=Storage)` before the first step that uses an intermediate buffer b (one the pipeline made and the
 realize does not return) and `FREE(b, arg=Storage or None)` after its last, so no two buffers alive at once share a
-storage. Storage is shared best fit: a buffer takes the smallest free storage of its device that is large enough,
-else a new one; `FREE`'s arg names the storage it gives back to the device (the last use of that storage).
+storage. The rule on each step (CALL, EXTERN, PICK, COPY) plans its memory into the context, in program order: storage is
+shared best fit, a buffer takes the smallest free storage of its device that is large enough, else a new one, and a
+buffer dying there puts its storage back on the free list. The last rule, on the program, lays each step out between
+its ALLOCs and FREEs; a `FREE`'s arg names the storage it gives back to the device (the last use of that storage).
 """
 from __future__ import annotations
 import itertools
@@ -70,6 +73,7 @@ class HostContext:
   multiprocessors: Callable[[str], int | None] = lambda device: None
   split_mode: str = "pick"
   storages: itertools.count = field(default_factory=itertools.count)
+  memory: MemoryPlan | None = None   # stage memory's index and free list (index_lifetimes)
 
 
 def nbytes(b: UOp) -> int: return b.arg.size * b.dtype.itemsize
@@ -187,48 +191,70 @@ host_rules = PatternMatcher([
 ], name="host")
 
 
-# ---- stage memory: lifetimes and shared storage ----
-def alloc_and_free_intermediates(ctx: HostContext, program: UOp) -> UOp:
-  """ALLOC before the first step using an intermediate buffer, FREE right after the last."""
+# ---- stage memory: lifetimes and shared storage, planned step by step ----
+@dataclass
+class MemoryPlan:
+  """What stage memory knows: an index of the program's lifetimes (made by `index_lifetimes` before the rules run) and
+  the free list, kept as the steps are planned one by one in program order."""
+  place: dict[UOp, int]                 # a step -> its place in the program
+  born: dict[int, list[UOp]]            # a place -> the intermediates first used there
+  dying: dict[int, list[UOp]]           # a place -> the intermediates last used there
+  free: list[Storage] = field(default_factory=list)            # storages no live buffer holds, in the order freed
+  storage_of: dict[UOp, Storage] = field(default_factory=dict)
+  last_free: dict[Storage, UOp] = field(default_factory=dict)  # a storage -> the buffer whose FREE is its last
+  allocs: list[list[UOp]] = field(default_factory=list)        # the ALLOCs before each step planned so far
+
+
+def index_lifetimes(ctx: HostContext, program: UOp) -> None:
+  """The memory stage's index (its Stage.prepare): where each intermediate buffer is first and last used."""
   first: dict[UOp, int] = {}
   last: dict[UOp, int] = {}
   for i, step in enumerate(program.src):
     for b in step.src:
       if is_intermediate(ctx, b): first.setdefault(b, i); last[b] = i
-  allocs: dict[int, list[UOp]] = {}
-  frees: dict[int, list[UOp]] = {}
-  for b, i in first.items(): allocs.setdefault(i, []).append(UOp(Ops.ALLOC, src=(b,)))
-  for b, i in last.items(): frees.setdefault(i, []).append(UOp(Ops.FREE, src=(b,)))
-  steps = [x for i, step in enumerate(program.src) for x in (*allocs.get(i, ()), step, *frees.get(i, ()))]
-  return program.replace(src=tuple(steps), arg="lifetimes")
+  born: dict[int, list[UOp]] = {}
+  dying: dict[int, list[UOp]] = {}
+  for b, i in first.items(): born.setdefault(i, []).append(b)
+  for b, i in last.items(): dying.setdefault(i, []).append(b)
+  ctx.memory = MemoryPlan({step: i for i, step in enumerate(program.src)}, born, dying)
 
 
-def share_storage_best_fit(ctx: HostContext, program: UOp) -> UOp:
-  """Each ALLOC takes the smallest free storage of its device that holds it (best fit), else a new one; a FREE puts
-  its buffer's storage back on the free list. The last FREE of a storage gives it back to the device."""
-  free: list[Storage] = []
-  storage_of: dict[UOp, Storage] = {}
-  steps = []
-  for step in program.src:
-    if step.op is Ops.ALLOC:
-      b = step.src[0]
-      fits = [s for s in free if s.device == b.arg.device and s.nbytes >= nbytes(b)]
-      if fits: free.remove(s := min(fits, key=lambda s: (s.nbytes, s.number)))
-      else: s = Storage(next(ctx.storages), nbytes(b), b.arg.device)
-      storage_of[b] = s
-      step = step.replace(arg=s)
-    elif step.op is Ops.FREE: free.append(storage_of[step.src[0]])
-    steps.append(step)
-  # a storage is given back at the FREE after which no ALLOC takes it again
-  released: set[Storage] = set()
-  for i in range(len(steps) - 1, -1, -1):
-    if steps[i].op is Ops.FREE and (s := storage_of[steps[i].src[0]]) not in released:
-      released.add(s)
-      steps[i] = steps[i].replace(arg=s)
+def plan_next_step(m: MemoryPlan, storages: itertools.count) -> None:
+  """The next step in program order: each buffer first used there takes the smallest free storage of its device that
+  holds it (best fit; ties: the oldest), else a new one; each last used there puts its storage back on the free list."""
+  i = len(m.allocs)
+  allocs = []
+  for b in m.born.get(i, ()):
+    fits = [s for s in m.free if s.device == b.arg.device and s.nbytes >= nbytes(b)]
+    if fits: m.free.remove(s := min(fits, key=lambda s: (s.nbytes, s.number)))
+    else: s = Storage(next(storages), nbytes(b), b.arg.device)
+    m.storage_of[b] = s
+    allocs.append(UOp(Ops.ALLOC, src=(b,), arg=s))
+  m.allocs.append(allocs)
+  for b in m.dying.get(i, ()):
+    m.free.append(m.storage_of[b])
+    m.last_free[m.storage_of[b]] = b
+
+
+def plan_memory_of_step(ctx: HostContext, step: UOp) -> None:
+  """A step's buffers get their storage, into the context (the step itself is unchanged). Steps are planned in program
+  order whatever order the rules fire in: the free list a step sees is what the steps before it left."""
+  if (i := ctx.memory.place.get(step)) is not None:
+    while len(ctx.memory.allocs) <= i: plan_next_step(ctx.memory, ctx.storages)
+
+
+def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:
+  """Every step planned (rewriting is bottom-up), each is laid out between its ALLOCs and its FREEs; the FREE after
+  which no ALLOC takes its storage again names that storage: the runtime gives it back to the device there."""
+  m = ctx.memory
+  if len(m.allocs) < len(program.src):
+    raise ValueError(f"host program step {program.src[len(m.allocs)].op} is not a CALL, EXTERN, PICK or COPY: its memory cannot be planned")
+  def free(b: UOp) -> UOp: return UOp(Ops.FREE, src=(b,), arg=m.storage_of[b] if m.last_free[m.storage_of[b]] is b else None)
+  steps = [x for i, step in enumerate(program.src) for x in (*m.allocs[i], step, *map(free, m.dying.get(i, ())))]
   return program.replace(src=tuple(steps), arg="planned")
 
 
 memory_rules = PatternMatcher([
-  (UPat(Ops.SINK, name="program", arg="steps"), alloc_and_free_intermediates),
-  (UPat(Ops.SINK, name="program", arg="lifetimes"), share_storage_best_fit),
+  (UPat((Ops.CALL, Ops.EXTERN, Ops.PICK, Ops.COPY), name="step"), plan_memory_of_step),
+  (UPat(Ops.SINK, name="program", arg="steps"), place_allocs_and_frees),
 ], name="memory")

@@ -1,6 +1,9 @@
 """The compiler on one screen: the ordered stages from a tensor graph to linear kernels.
 
-Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage).
+Each stage is a named rule set applied with graph_rewrite under its name (so REWRITE_STATS reports per stage), with
+a context made per application (`make_ctx`) and, where a stage has one, a `prepare(ctx, root)` called before its rules:
+it fills the context with an index the rules look things up in, or a policy's choice (a kernel's plan); it never
+rewrites.
 Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
 one kernel at a time; "host" rewrites the host program (rules/host.py: steps, then memory). A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
 `pipeline.replace` (see docs/rules.md).
@@ -16,9 +19,10 @@ from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
-from .gpu import fuse_rules, FuseContext, grid_plan_rules, grid_rules, GridContext, gpu_index_rules
+from .opt.plan import plan_rules, choose_plan
+from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
-from .host import host_rules, memory_rules, HostContext
+from .host import host_rules, memory_rules, index_lifetimes, HostContext
 
 
 @dataclass
@@ -30,6 +34,9 @@ class Stage:
   top_down: bool = False
   origin: str = "graft"                         # where the rule set comes from (a user's module, say)
   applies: Callable[[Any], bool] | None = None  # run -> whether this stage runs (device-specific stages)
+  # (ctx, the stage's input) -> None: reads the input once before the rules run, to fill the context with what they
+  # look up (an index of the schedule, a kernel's chosen plan). A policy or an index, never a rewrite.
+  prepare: Callable[[Any, UOp], None] | None = None
 
 
 @dataclass
@@ -112,7 +119,7 @@ class Pipeline:
     """Run `rules` instead of the rule set of the stage named `stage` (same place, scope and context)."""
     i = self.index(stage)
     old = self.stages[i]
-    self.stages[i] = Stage(old.name, rules, old.scope, old.make_ctx, old.top_down, _caller(), old.applies)
+    self.stages[i] = Stage(old.name, rules, old.scope, old.make_ctx, old.top_down, _caller(), old.applies, old.prepare)
     self.version += 1
     return self.stages[i]
 
@@ -125,6 +132,11 @@ class Pipeline:
     for stage in self.stages:
       if stage.scope != scope or (stage.applies is not None and not stage.applies(run)): continue
       ctx = stage.make_ctx(run) if stage.make_ctx else None
+      if stage.prepare is not None:
+        try: stage.prepare(ctx, root)
+        except Exception as e:   # the error keeps its type (InvalidPlan, say); the note says where it came from
+          e.add_note(f"while preparing stage {stage.name!r} ({getattr(stage.prepare, '__qualname__', stage.prepare)})")
+          raise
       root = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down)
     return root
 
@@ -132,19 +144,20 @@ class Pipeline:
 pipeline = Pipeline([
   Stage("realize", realize_rules, "graph"),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
-  Stage("group", group_rules, "schedule", _group_ctx),
-  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops),
+  Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
+  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
-  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops),
+  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
-  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
+  # the opt stage's plan is chosen by a policy (choose_plan) before its rule records it on the kernel
+  *(Stage(name, rules, "kernel", opt_context, prepare=choose_plan if rules is plan_rules else None) for name, rules in OPT_STAGES),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),
-  Stage("memory", memory_rules, "host", _host_ctx),
+  Stage("memory", memory_rules, "host", _host_ctx, prepare=index_lifetimes),
 ])
 
 

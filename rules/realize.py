@@ -11,15 +11,16 @@ Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext
 `COPY` by a new buffer and a copy record. The order of the records means nothing: the schedule runs the kernels in
 a toposort of the kernel graph (`in_dependency_order`: a kernel after the kernels whose buffers it reads).
 
-Stage `group` (rule `group_outputs`) merges the kernels of one output shape, device and depth in the kernel graph
-into one kernel with several stores; kernels of one depth never need one another, so no merge makes a cycle. The
-candidates come from an index, never from trying pairs (linear in the number of kernels); a kernel that reads one
-of its own shape is refused with its reason.
+Stage `group` (rule set `group_rules`, ctx: `GroupDecisions`, its index made by `GroupDecisions.index_schedule`
+before the rules run) merges the kernels of one output shape, device and depth in the kernel graph into one kernel with several
+stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
+kernels of one depth never need one another, so no merge makes a cycle. A kernel that reads one of its own shape is
+refused with its reason.
 """
 from __future__ import annotations
 import itertools, sys
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, substitute
+from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, substitute, splice_sinks
 from .strided_view import View
 from .shapes import shape_of
 
@@ -196,57 +197,68 @@ def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
   return sorted(kernels, key=depth.__getitem__)
 
 
-@dataclass
-class GroupDecisions:
-  """Why kernels were or were not merged (read by DEBUG=2 and the statistics). Kernels are numbered by their place in
-  the schedule the group stage first saw; a merged kernel keeps the number of its first member."""
-  refused: list[str] = field(default_factory=list)
-  merged: list[str] = field(default_factory=list)
-  numbers: dict[UOp, int] = field(default_factory=dict)
-  said: set[str] = field(default_factory=set)
-
-  def note(self, to: list[str], why: str):
-    if why not in self.said: self.said.add(why); to.append(why)
-
-
 def _group_key(k: UOp) -> tuple | None:
   """What kernels must share to become one: device and output shape (a copy is never merged)."""
   return (k.arg, kernel_output_shape(k)) if k.op is Ops.KERNEL else None
 
 
-def group_outputs(ctx: GroupDecisions, schedule: UOp) -> UOp | None:
-  """Merge the kernels of one output shape, device and depth into one kernel with several stores.
+@dataclass
+class GroupDecisions:
+  """The group stage's context: its index of the schedule, and why kernels were or were not merged (read by DEBUG=2
+  and the statistics). Kernels are numbered by their place in the schedule the group stage first saw; a merged
+  kernel keeps the number of its first member."""
+  refused: list[str] = field(default_factory=list)
+  merged: list[str] = field(default_factory=list)
+  numbers: dict[UOp, int] = field(default_factory=dict)
+  said: set[str] = field(default_factory=set)
+  group_of: dict[UOp, list[UOp]] = field(default_factory=dict)  # a kernel -> its group (2 or more), in schedule order
+  writer: dict[UOp, UOp] = field(default_factory=dict)          # a buffer -> the kernel that writes it
 
-  Candidates come from an index (group key and depth -> kernels), never from trying pairs: kernels of one depth never
-  need one another, so merging them cannot make a cycle, and the merged kernel takes the place of its first member
-  in a schedule ordered by depth. A kernel that reads a kernel of its own key is refused, with why."""
-  kernels = schedule.src
-  for i, k in enumerate(kernels): ctx.numbers.setdefault(k, i)
-  depth = kernel_depths(kernels)
-  writer = {b: k for k in kernels for b in buffers_written(k)}
-  groups: dict[tuple, list[UOp]] = {}
-  for k in kernels:
-    if (key := _group_key(k)) is None: continue
-    groups.setdefault((key, depth[k]), []).append(k)
-    for b in buffers_read(k):
-      if (w := writer.get(b)) is not None and _group_key(w) == key:
-        ctx.note(ctx.refused, f"kernel {ctx.numbers[k]} was not fused into kernel {ctx.numbers[w]}: it reads what kernel "
-                              f"{ctx.numbers[w]} writes (fusing would make a cycle)")
-  merged_into: dict[UOp, UOp | None] = {}  # member -> the merged kernel (at its first member) or None (dropped)
-  for (key, _), members in groups.items():
-    if len(members) < 2: continue
-    first = members[0]
-    merged = UOp(Ops.KERNEL, first.dtype, tuple(st for m in members for st in m.src), first.arg)
-    ctx.numbers[merged] = ctx.numbers[first]
-    ctx.note(ctx.merged, f"kernels {', '.join(str(ctx.numbers[m]) for m in members)} store to one shape {key[1]} at one "
-                         f"depth of the kernel graph: fused into one kernel")
-    merged_into.update({m: None for m in members[1:]})
-    merged_into[first] = merged
-  if not merged_into: return None
-  return schedule.replace(src=tuple(merged_into.get(k, k) for k in kernels if merged_into.get(k, k) is not None))
+  def note(self, to: list[str], why: str):
+    if why not in self.said: self.said.add(why); to.append(why)
+
+  def index_schedule(self, schedule: UOp) -> None:
+    """The index the group rules look candidates up in (the stage's prepare): kernels by (group key, depth in the kernel
+    graph), and each buffer's writer. Linear in the schedule; no pair of kernels is ever tried."""
+    kernels = schedule.src
+    for i, k in enumerate(kernels): self.numbers.setdefault(k, i)
+    depth = kernel_depths(kernels)
+    self.writer = {b: k for k in kernels for b in buffers_written(k)}
+    groups: dict[tuple, list[UOp]] = {}
+    for k in kernels:
+      if (key := _group_key(k)) is not None: groups.setdefault((key, depth[k]), []).append(k)
+    self.group_of = {k: members for members in groups.values() if len(members) > 1 for k in members}
 
 
-group_rules = PatternMatcher([(UPat(Ops.SINK, name="schedule"), group_outputs)], name="group")
+def explain_unmerged_reader(ctx: GroupDecisions, k: UOp) -> None:
+  """A kernel that reads what a kernel of its own shape and device writes stays apart from it (merging would make a
+  cycle); say so. Changes nothing."""
+  if ctx.writer.get(next(iter(buffers_written(k)))) is not k: return None   # a kernel this stage made: said already
+  needed = {ctx.writer[b] for b in buffers_read(k) if b in ctx.writer}
+  for w in sorted((w for w in needed if _group_key(w) == _group_key(k)), key=ctx.numbers.__getitem__):
+    ctx.note(ctx.refused, f"kernel {ctx.numbers[k]} was not fused into kernel {ctx.numbers[w]}: it reads what kernel "
+                          f"{ctx.numbers[w]} writes (fusing would make a cycle)")
+
+
+def merge_kernels_of_one_depth(ctx: GroupDecisions, k: UOp) -> UOp | None:
+  """A kernel of a group (one output shape, device and depth in the kernel graph): the first member becomes the kernel
+  of every member's stores, the others an empty SINK that the schedule drops. Kernels of one depth never need one
+  another, so the merge makes no cycle, and the merged kernel takes its first member's place in a schedule ordered by
+  depth."""
+  if (members := ctx.group_of.get(k)) is None: return None
+  if k is not members[0]: return UOp(Ops.SINK)
+  merged = UOp(Ops.KERNEL, k.dtype, tuple(st for m in members for st in m.src), k.arg)
+  ctx.numbers[merged] = ctx.numbers[k]
+  ctx.note(ctx.merged, f"kernels {', '.join(str(ctx.numbers[m]) for m in members)} store to one shape "
+                       f"{kernel_output_shape(k)} at one depth of the kernel graph: fused into one kernel")
+  return merged
+
+
+group_rules = PatternMatcher([
+  (UPat(Ops.KERNEL, name="k"), explain_unmerged_reader),
+  (UPat(Ops.KERNEL, name="k"), merge_kernels_of_one_depth),
+  (UPat(Ops.SINK, name="node"), splice_sinks),   # a merged kernel's other members, now empty, leave the schedule
+], name="group")
 
 
 # ---- normalized kernels: equal kernels over different buffers are one UOp ----

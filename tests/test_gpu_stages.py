@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from rewrite import Ops, UOp, dtypes
-from rewrite.graph_rewrite import RuleError
 from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
                        InvalidGridPlan)
 from rules.gpu_split import split_reduction_plan
@@ -188,9 +187,10 @@ def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
   bad = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64), GridOpt(GridKind.ROWS, -1, 2)))
   odd_lanes = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 24), GridOpt(GridKind.ROWS, -1, 4)))
   for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (GridPlan(()), "not planned")):
-    with pytest.raises(RuleError, match=why) as err:
+    # the plan is checked where the policy gives it, before any rule runs; the error says which stage asked
+    with pytest.raises(InvalidGridPlan, match=why) as err:
       lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: plan)))
-    assert isinstance(err.value.__cause__, InvalidGridPlan)
+    assert any("preparing stage 'gpu'" in note for note in err.value.__notes__)
 
 
 def test_the_grid_stages_carry_on_from_a_users_stage_before_them():
@@ -310,3 +310,19 @@ def test_a_gpu_plan_offers_both_and_graft_split_reduce_forces_one(monkeypatch):
   assert str(plan([(x.sum().uop, "CPU")], device="CUDA")).count("call   ") == 1
   monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "2")
   with pytest.raises(ValueError, match="GRAFT_SPLIT_REDUCE='2': use 0"): plan([(x.sum().uop, "CPU")], device="CUDA")
+
+
+def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fire_in():
+  # layer norm: the mean is inlined into the variance before the variance is judged, then both into the output; the
+  # rule on each KERNEL decides the kernels ahead of it first, so rules fired last kernel first give the same schedule
+  from rules.gpu import FuseContext, inline_broadcast_reductions
+  t = T(32, 64).layernorm(-1)
+  kernels, realized = schedule([t.uop], ["CPU"], Run("CPU", parallel=False))   # what gpu_fuse would be given
+  def fused(order):
+    ctx = FuseContext({realized[0].src[0]})
+    ctx.index_schedule(UOp(Ops.SINK, src=tuple(kernels)))
+    made = {k: inline_broadcast_reductions(ctx, k) for k in order(kernels)}
+    return [k if made[k] is None else made[k] for k in kernels]
+  forward = fused(list)
+  assert len(kernels) == 3 and fused(lambda ks: ks[::-1]) == forward
+  assert [k.op for k in forward] == [Ops.SINK, Ops.SINK, Ops.KERNEL]   # two dropped (spliced out), one kernel left

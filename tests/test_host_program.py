@@ -139,3 +139,24 @@ def test_debug_2_prints_the_host_program(monkeypatch, capsys):
   ((x + 1).contiguous() * 2).realize()
   out = capsys.readouterr().out
   assert str(last_program()) in out and "alloc  t0 float32[16] 64 B in storage s0" in out
+
+
+
+def test_memory_is_planned_in_program_order_whatever_order_the_step_rules_fire_in():
+  # the memory stage's rule on each step plans it against the free list in the context; a step met before the steps
+  # ahead of it has them planned first, so rules fired last step first make the same program
+  from rewrite import UOp, Ops, graph_rewrite
+  from rules.pipeline import schedule, Run
+  from rules.host import HostContext, host_rules, index_lifetimes, plan_memory_of_step, place_allocs_and_frees
+  out = mlp_forward(5)
+  kernels, realized = schedule([out.uop], ["CPU"], Run("CPU"))
+  def planned(order):
+    ctx = HostContext(frozenset({realized[0].src[0]}))
+    steps = graph_rewrite(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), host_rules, ctx, name="host")
+    index_lifetimes(ctx, steps)
+    for step in order(steps.src): plan_memory_of_step(ctx, step)
+    return place_allocs_and_frees(ctx, steps)
+  forward = planned(list)
+  assert planned(lambda steps: steps[::-1]) is forward
+  allocs = [s.arg for s in forward.src if s.op is Ops.ALLOC]
+  assert len(allocs) == 4 and len(set(allocs)) == 2   # four intermediates in two storages

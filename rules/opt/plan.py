@@ -5,9 +5,10 @@ them when the plan is chosen (output loops in order, then reduction loops); seve
 each splitting kind (split, upcast, vector) then takes the next-inner factor of it, in plan order:
 `(vector(1, 16), upcast(1, 2))` makes loop 1 `(outer*2 + u)*16 + lane`.
 
-Stage `opt` (rule set `plan_rules`, ctx: `OptContext`): in, a lowered kernel `SINK(STORE...)` whose arg is its device;
-out, the same SINK with arg `Plan` — the plan the context's chooser gave (the heuristic by default), checked against
-the kernel's loops. The context keeps the plan and the loops' axis numbers for the stages after it (rules/opt/*.py).
+Stage `opt` (rule set `plan_rules`, ctx: `OptContext`, prepared by `choose_plan`): in, a lowered kernel `SINK(STORE...)`
+whose arg is its device; out, the same SINK with arg `Plan`. The plan is chosen before the rules run, by the policy
+`choose_plan` that the pipeline calls (the context's chooser, else the heuristic), checked against the kernel's
+loops; the context keeps the plan and the loops' axis numbers for the stages after it (rules/opt/*.py).
 """
 from __future__ import annotations
 import math
@@ -105,8 +106,11 @@ def opt_context(run) -> OptContext:
   return run.opt
 
 
-def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
-  if isinstance(sink.arg, Plan) or sink.arg == "linear": return None
+def choose_plan(ctx: OptContext, sink: UOp) -> None:
+  """The policy, run by the pipeline before the `opt` rules (Stage.prepare): the plan the context's chooser gives (the
+  heuristic by default), checked against the kernel's loops, into the context with the loops' axis numbers. Choosing
+  reads the whole kernel by nature (its shape decides), so it is a function the pipeline calls, not a rule."""
+  if isinstance(sink.arg, Plan) or sink.arg == "linear": return
   axes = kernel_axes(sink)
   if ctx.choose is not None: plan = ctx.choose(sink, axes)
   elif ctx.device_loops: plan = Plan((), "heuristic")
@@ -116,8 +120,12 @@ def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
   check_plan(plan, axes)
   ctx.plan, ctx.axis_of = plan, {r: i for i, r in enumerate(axes)}
   ctx.loop_axis, ctx.lane, ctx.locals_made = dict(ctx.axis_of), None, 0
-  return sink.replace(arg=plan)
+
+
+def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
+  """The kernel carries the plan chosen for it (part of its identity: cache key, statistics, DEBUG=2)."""
+  if isinstance(sink.arg, Plan) or sink.arg == "linear": return None
+  return sink.replace(arg=ctx.plan)
 
 
 plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_plan)], name="opt")
-
