@@ -9,9 +9,9 @@ from runtime.search import lower_with
 from tests.opt_helpers import the_kernel, run_with
 
 
-def conv_np(x, w, pad):
+def conv_np(x, w, pad, stride=1):
   from numpy.lib.stride_tricks import sliding_window_view
-  win = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))), w.shape[2:], axis=(2, 3))
+  win = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))), w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
   return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)
 
 
@@ -30,9 +30,10 @@ def random_kernel(rng: random.Random):
     b = arr(w.shape[0])
     return Tensor(x).linear(Tensor(w), Tensor(b)).relu(), np.maximum(x @ w.T + b, 0)
   if kind == "conv":
-    x = arr(rng.choice([1, 2]), d(), d(), 8)
-    w = arr(rng.choice([2, 4]), x.shape[1], 3, 3)
-    return Tensor(x).conv2d(Tensor(w), padding=1), conv_np(x, w, 1)
+    x = arr(rng.choice([1, 2]), d(), rng.choice([4, 6, 8, 12]), 8)
+    w = arr(rng.choice([2, 4, 8, 16]), x.shape[1], 3, 3)
+    stride, pad = rng.choice([1, 2]), rng.choice([0, 1, 2])
+    return Tensor(x).conv2d(Tensor(w), stride=stride, padding=pad), conv_np(x, w, pad, stride)
   a = arr(d(), d(), d())
   if kind == "sum":
     axis = rng.choice([1, 2, (1, 2)])

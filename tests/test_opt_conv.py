@@ -1,0 +1,46 @@
+"""The heuristic's plan for a convolution: vector lanes across the output channels, whose weights are read from a
+packed panel, a tile of channels x columns, and the input read one scalar per column (padding masks and strides
+never make a masked vector)."""
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from rewrite import Ops
+from tensor import Tensor
+from rules.opt import OptKind
+from rules.opt.heuristic import vector_width
+from tests.opt_helpers import lowered, run_with
+from tests.test_tensor_nn import _conv2d
+
+rng = np.random.default_rng(9)
+x, w = rng.standard_normal((2, 8, 10, 12), dtype=np.float32), rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+
+
+def test_a_convolution_gets_lanes_across_output_channels_and_a_packed_weight_panel():
+  t = Tensor(x).conv2d(Tensor(w), padding=1)
+  linear, plan = lowered(t)
+  # the kernel's loops: batch 0, output channels 1, output rows 2 and columns 3, then the reduction's (channels, window)
+  assert [(o.kind, o.axis) for o in plan.opts if o.kind in (OptKind.VECTOR, OptKind.PACK)] == [(OptKind.VECTOR, 1), (OptKind.PACK, 3)]
+  # each vector of output channels reads its weights from a packed panel: one local buffer per vector of the tile
+  vecs = next((o.amount for o in plan.opts if o.kind is OptKind.UPCAST and o.axis == 1), 1)
+  assert sum(u.op is Ops.DEFINE_LOCAL for u in linear.src) == vecs
+  # the input (buffer 1) is read one scalar at a time, the packed weights as vectors
+  inputs = [u for u in linear.src if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg == 1]
+  assert inputs and all(u.dtype.count == 1 for u in inputs)
+  assert any(u.op is Ops.LOAD and u.dtype.count == vector_width(4) and u.src[0].src[0].op is Ops.BARRIER for u in linear.src)
+  assert_allclose(run_with(t), _conv2d(x, w, padding=(1, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride, padding", [(1, 0), (1, 1), (2, 1), ((1, 2), (2, 0)), (2, 2)])
+def test_the_convolution_plan_keeps_the_values_of_every_stride_and_padding(stride, padding):
+  t = Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding)
+  _, plan = lowered(t)
+  assert plan.opts[0].kind is OptKind.VECTOR and plan.opts[0].axis == 1
+  pair = lambda v: v if isinstance(v, tuple) else (v, v)
+  assert_allclose(run_with(t), _conv2d(x, w, pair(stride), pair(padding)), rtol=1e-4, atol=1e-4)
+
+
+def test_too_few_output_channels_for_a_vector_keep_the_other_tiles():
+  t = Tensor(x).conv2d(Tensor(w[:4]), padding=1)
+  _, plan = lowered(t)
+  assert not any(o.kind is OptKind.VECTOR and o.axis == 1 for o in plan.opts)
+  assert_allclose(run_with(t), _conv2d(x, w[:4], padding=(1, 1)), rtol=1e-4, atol=1e-4)
