@@ -1,6 +1,6 @@
 """The heuristic's plan for a convolution: vector lanes across the output channels, whose weights are read from a
-packed panel, a tile of channels x columns, and the input read one scalar per column (padding masks and strides
-never make a masked vector)."""
+packed panel, a tile of channels x columns, and the input read one scalar per column (strides never make a gather).
+conv2d stores a padded input first, so the convolution's own kernel (the one these tests plan) reads no masks."""
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
@@ -15,8 +15,17 @@ rng = np.random.default_rng(9)
 x, w = rng.standard_normal((2, 8, 10, 12), dtype=np.float32), rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
 
 
+def pair(v): return v if isinstance(v, tuple) else (v, v)
+
+
+def conv(x, w, stride=1, padding=0):
+  """The convolution's kernel alone: its input padded already (conv2d's first kernel)."""
+  (ph, pw) = pair(padding)
+  return Tensor(np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))).conv2d(Tensor(w), stride=stride)
+
+
 def test_a_convolution_gets_lanes_across_output_channels_and_a_packed_weight_panel():
-  t = Tensor(x).conv2d(Tensor(w), padding=1)
+  t = conv(x, w, padding=1)
   linear, plan = lowered(t)
   # the kernel's loops: batch 0, output channels 1, output rows 2 and columns 3, then the reduction's (channels, window)
   assert [(o.kind, o.axis) for o in plan.opts if o.kind in (OptKind.VECTOR, OptKind.PACK)] == [(OptKind.VECTOR, 1), (OptKind.PACK, 3)]
@@ -32,15 +41,23 @@ def test_a_convolution_gets_lanes_across_output_channels_and_a_packed_weight_pan
 
 @pytest.mark.parametrize("stride, padding", [(1, 0), (1, 1), (2, 1), ((1, 2), (2, 0)), (2, 2)])
 def test_the_convolution_plan_keeps_the_values_of_every_stride_and_padding(stride, padding):
-  t = Tensor(x).conv2d(Tensor(w), stride=stride, padding=padding)
+  t = conv(x, w, stride, padding)
   _, plan = lowered(t)
   assert plan.opts[0].kind is OptKind.VECTOR and plan.opts[0].axis == 1
-  pair = lambda v: v if isinstance(v, tuple) else (v, v)
   assert_allclose(run_with(t), _conv2d(x, w, pair(stride), pair(padding)), rtol=1e-4, atol=1e-4)
 
 
 def test_too_few_output_channels_for_a_vector_keep_the_other_tiles():
-  t = Tensor(x).conv2d(Tensor(w[:4]), padding=1)
+  t = conv(x, w[:4], padding=1)
   _, plan = lowered(t)
   assert not any(o.kind is OptKind.VECTOR and o.axis == 1 for o in plan.opts)
   assert_allclose(run_with(t), _conv2d(x, w[:4], padding=(1, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_with_padding_reads_the_stored_padded_input_without_masks():
+  out = Tensor(x).conv2d(Tensor(w), stride=2, padding=(1, 2))
+  kernels = [k for k in out.kernel_sources() if "for (" in k]
+  assert len(kernels) == 2   # the padded copy, then the convolution
+  conv_kernel = kernels[-1]
+  assert "?" not in conv_kernel.split("{", 1)[1]   # no masked load (a select) in the convolution
+  assert_allclose(out.numpy(), _conv2d(x, w, (2, 2), (1, 2)), rtol=1e-4, atol=1e-4)

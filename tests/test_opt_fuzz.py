@@ -33,7 +33,9 @@ def random_kernel(rng: random.Random):
     x = arr(rng.choice([1, 2]), d(), rng.choice([4, 6, 8, 12]), 8)
     w = arr(rng.choice([2, 4, 8, 16]), x.shape[1], 3, 3)
     stride, pad = rng.choice([1, 2]), rng.choice([0, 1, 2])
-    return Tensor(x).conv2d(Tensor(w), stride=stride, padding=pad), conv_np(x, w, pad, stride)
+    # conv2d stores a padded input first (a kernel of its own): the convolution's kernel reads it through its window
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    return Tensor(padded).conv2d(Tensor(w), stride=stride), conv_np(x, w, pad, stride)
   a = arr(d(), d(), d())
   if kind == "sum":
     axis = rng.choice([1, 2, (1, 2)])

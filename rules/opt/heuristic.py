@@ -138,11 +138,15 @@ def conv_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     panel = math.prod(size(r) for r in red.src[1:]) * w * 4
     if not channels or panel > MAX_LOCAL_BYTES: continue
     c, n = channels[-1], {r: i for i, r in enumerate(axes)}
-    vecs = next(u for u in (4, 2, 1) if size(c) // w % u == 0)
+    # two vectors of channels x (accumulators / 2) columns: each step loads two vectors of weights and broadcasts
+    # one input element per column
+    vecs = 2 if size(c) // w % 2 == 0 else 1
     cols = next(u for u in (CONV_ACCUMULATORS[w] // vecs, 4, 2, 1) if u <= CONV_ACCUMULATORS[w] // vecs and size(j) % u == 0)
     opts = [Opt(OptKind.VECTOR, n[c], w)] + [Opt(OptKind.UPCAST, n[c], vecs)] * (vecs > 1) + [Opt(OptKind.UPCAST, n[j], cols)] * (cols > 1)
-    # the window's loops move outward (their masks are computed once per position), the channels' loop stays inside;
+    # an input read through masks (padding that conv2d did not store) moves the window's loops outward, so the
+    # masks are computed once per window position, not once per channel;
     # the weight panel is packed once per block of output channels (it does not depend on the columns)
     longest = max(red.src[1:], key=size)
-    return opts + [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest] + [Opt(OptKind.PACK, n[j])]
+    if len(x.src) > 1: opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
+    return opts + [Opt(OptKind.PACK, n[j])]
   return None
