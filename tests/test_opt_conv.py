@@ -61,3 +61,11 @@ def test_conv2d_with_padding_reads_the_stored_padded_input_without_masks():
   conv_kernel = kernels[-1]
   assert "?" not in conv_kernel.split("{", 1)[1]   # no masked load (a select) in the convolution
   assert_allclose(out.numpy(), _conv2d(x, w, (2, 2), (1, 2)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_bias_and_relu_after_the_convolution_read_the_channels_as_vectors():
+  b = rng.standard_normal(16, dtype=np.float32)
+  t = (conv(x, w, padding=1) + Tensor(b).reshape(1, 16, 1, 1)).relu()
+  _, plan = lowered(t)
+  assert plan.opts[0].kind is OptKind.VECTOR and plan.opts[0].axis == 1
+  assert_allclose(run_with(t), np.maximum(_conv2d(x, w, padding=(1, 1)) + b.reshape(1, 16, 1, 1), 0), rtol=1e-4, atol=1e-4)
