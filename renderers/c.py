@@ -50,12 +50,30 @@ static inline float g_log2f(float x) {
 """
 
 
+# The bytes of the widest vector register (0: the asm below does not know this CPU's registers).
+REGISTER_BYTES = """#if defined(__x86_64__) && defined(__AVX512F__)
+#define G_REGISTER_BYTES 64
+#elif defined(__x86_64__) && defined(__AVX__)
+#define G_REGISTER_BYTES 32
+#elif defined(__x86_64__)
+#define G_REGISTER_BYTES 16
+#else
+#define G_REGISTER_BYTES 0
+#endif"""
+
+
 def _vector_typedefs() -> str:
-  lines = []
+  lines = [REGISTER_BYTES]
   for scalar, size in (("float", 4), ("double", 8), ("int", 4)):
     for n in (2, 4, 8, 16):
       t = f"{scalar}x{n}"
       lines.append(f"typedef {scalar} {t} __attribute__((vector_size({size * n}), aligned({size}), may_alias));")
+      # a loaded vector stays in a register: without this gcc folds the load into each FMA that reads it (a register
+      # tile's vector of B, read by every row of the tile, is loaded once per row: the load ports, not the FMA units,
+      # then bound the kernel)
+      lines += [f"#if G_REGISTER_BYTES >= {size * n}",
+                f"static inline {t} g_register_{t}({t} v) {{ __asm__(\"\" : \"+x\"(v)); return v; }}",
+                "#else", f"static inline {t} g_register_{t}({t} v) {{ return v; }}", "#endif"]
       # the lanes of a masked vector load, at the edges of padding: a call of its own keeps it out of the hot path
       lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* p, int valid) {{ {t} v = {{0}}; "
                    f"for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = p[i]; return v; }}")
@@ -98,7 +116,7 @@ def _vector_load(ctx: RenderContext, ld: UOp) -> str | None:
   if ld.dtype.count == 1: return None
   t, p, valid = ctx.lang.type(ld.dtype), ctx[ld.src[0]], [ctx[v] for v in ld.src[1:]]
   whole = f"(*({t}*){p})"
-  if not valid: return whole
+  if not valid: return f"g_register_{t}{whole}"
   if len(valid) == 1: return f"({valid[0]}?{whole}:({t}){{0}})"
   return f"(({'&&'.join(valid)})?{whole}:g_masked_{t}({p}, {'|'.join(f'({v}<<{c})' for c, v in enumerate(valid))}))"
 

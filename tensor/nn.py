@@ -3,7 +3,8 @@ linear, conv2d and pooling.
 
 A matrix product is a broadcast multiply followed by a sum over the shared axis, so it fuses into ONE kernel. A
 convolution reads its input through ONE strided VIEW of sliding windows (shape (N, C, OH, OW, KH, KW) over the
-padded input's layout), so it too is a multiply and a sum: one kernel, no im2col buffer.
+padded input's layout), so it too is a multiply and a sum: one kernel, no im2col buffer (with padding, a copy of the
+padded input comes first, so that the convolution's loops carry no masks).
 """
 from __future__ import annotations
 from rewrite import UOp, Ops, dtypes
@@ -118,6 +119,9 @@ class NNMixin:
                        f"{weight.shape} expects {weight.shape[1]}")
     o, c, kh, kw = weight.shape
     x = self.pad(((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+    # the padded input is stored once (a copy the size of the input): the kernel that reads each element kh*kw*O
+    # times then reads it without the masks of padding, whose branches would sit in its innermost loop
+    if any(padding): x = x.contiguous()
     win = x._windows((kh, kw), stride)  # (N, C, OH, OW, KH, KW)
     n, _, oh, ow, _, _ = win.shape
     # (N, 1, OH, OW, C, KH, KW) * (1, O, 1, 1, C, KH, KW), summed over the last three

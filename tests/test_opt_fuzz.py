@@ -11,9 +11,9 @@ from tests.opt_helpers import the_kernel, run_with
 pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's vocabulary: on the CPU also in a DEVICE=CUDA run
 
 
-def conv_np(x, w, pad):
+def conv_np(x, w, pad, stride=1):
   from numpy.lib.stride_tricks import sliding_window_view
-  win = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))), w.shape[2:], axis=(2, 3))
+  win = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))), w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
   return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)
 
 
@@ -32,9 +32,12 @@ def random_kernel(rng: random.Random):
     b = arr(w.shape[0])
     return Tensor(x).linear(Tensor(w), Tensor(b)).relu(), np.maximum(x @ w.T + b, 0)
   if kind == "conv":
-    x = arr(rng.choice([1, 2]), d(), d(), 8)
-    w = arr(rng.choice([2, 4]), x.shape[1], 3, 3)
-    return Tensor(x).conv2d(Tensor(w), padding=1), conv_np(x, w, 1)
+    x = arr(rng.choice([1, 2]), d(), rng.choice([4, 6, 8, 12]), 8)
+    w = arr(rng.choice([2, 4, 8, 16]), x.shape[1], 3, 3)
+    stride, pad = rng.choice([1, 2]), rng.choice([0, 1, 2])
+    # conv2d stores a padded input first (a kernel of its own): the convolution's kernel reads it through its window
+    padded = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    return Tensor(padded).conv2d(Tensor(w), stride=stride), conv_np(x, w, pad, stride)
   a = arr(d(), d(), d())
   if kind == "sum":
     axis = rng.choice([1, 2, (1, 2)])

@@ -66,10 +66,11 @@ def test_column_normalization_stays_three_kernels_on_cuda():
   assert cuda_kernels_of(unallocated_cuda_tensor(32, 48).softmax(axis=0)) == 3
 
 
-def test_conv2d_is_one_kernel():
+def test_conv2d_is_one_kernel_after_its_padded_input():
   img = Tensor(rng.standard_normal((2, 3, 10, 10)).astype(np.float32))
   k = Tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
-  assert kernels_of(img.conv2d(k, padding=1)) == 1
+  assert kernels_of(img.conv2d(k)) == 1
+  assert kernels_of(img.conv2d(k, padding=1)) == 2   # the padded input is stored first: no masks in the convolution
 
 
 def test_constants_are_never_buffers():

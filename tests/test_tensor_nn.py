@@ -1,6 +1,6 @@
 """NN functions against numpy: matmul (1-d, batched, broadcast), dot, linear, softmax, log_softmax, layernorm,
-conv2d (stride, padding, bias), max_pool2d and avg_pool2d; that matmul and conv2d are single kernels over views; and
-the errors of mismatched shapes."""
+conv2d (stride, padding, bias), max_pool2d and avg_pool2d; that matmul and conv2d are single kernels over views (a
+padded conv2d stores its padded input first); and the errors of mismatched shapes."""
 import numpy as np
 import pytest
 

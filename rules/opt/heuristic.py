@@ -11,16 +11,24 @@ tries candidates around it).
   - "dot" (x @ W.T: every load reads along the innermost reduction loop k): k is split into vector lanes, the two
     output loops some load does not depend on are unrolled 4 x 4: 16 vector accumulators of partial sums, whose lanes
     are added at the end.
+- A convolution (a sum of products whose input load reads a window: it depends on the innermost output loop and on
+  several reduction loops, and the weight load does not depend on that loop): the lanes go across the output
+  channels, whose weights are packed into a panel (lanes innermost), and the tile unrolls output channels and output
+  columns, so each step of the reduction loads a few vectors of weights and broadcasts a few input elements, as in
+  the matrix product's broadcast form. The input is never read as whole vectors: its padding (masks) and strides
+  cost one scalar load per column of the tile, not a masked vector.
 """
 from __future__ import annotations
 import functools, math
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, dtypes
 from rules.symbolic import terms_of
 from rules.linearize import open_ranges, loop_work, nesting_key
 from .plan import Opt, OptKind, Plan
+from .pack import MAX_LOCAL_BYTES
 
 PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
 PANEL_BYTES = 128 << 10  # a packed panel of B this large stays in the L2 cache
+CONV_ACCUMULATORS = {8: 8, 16: 16}   # vector accumulators of a convolution's tile: half the registers (AVX2, AVX-512)
 
 
 def vector_width(itemsize: int) -> int:
@@ -47,7 +55,7 @@ def heuristic_plan(sink: UOp, axes: list[UOp]) -> Plan:
   opts: list[Opt] = []
   ranges = open_ranges(sink)
   axis = {r: i for i, r in enumerate(axes)}
-  tile = register_tile(sink, axes)
+  tile = conv_tile(sink, axes) or register_tile(sink, axes)
   if tile: opts += tile
   elif (simd := simd_loops(sink, ranges)): opts += [Opt(OptKind.SIMD, axis[r]) for r in simd]
   # the loop moved outermost (a packed panel's), else the first, runs on threads
@@ -110,4 +118,35 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     for r in [r for r in outs if any(r not in i.toposort for i in idx)][-2:]:
       if (u := unrolled(r, 4)): opts.append(Opt(OptKind.UPCAST, n[r], u))
     return opts
+  return None
+
+
+def conv_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
+  """The opts of a convolution's register tile (see the module's docstring), else None."""
+  if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE: return None
+  reds = [n for n in sink.src[0].src[1].toposort if n.op is Ops.REDUCE]
+  if len(reds) != 1 or reds[0].arg is not Ops.ADD or reds[0].dtype != dtypes.float32 or len(reds[0].src) < 3: return None
+  red, outs, w = reds[0], [r for r in axes if r.arg[0] == "out"], vector_width(4)
+  loads = loads_of(red.src[0])
+  if len(loads) != 2 or not outs: return None
+  j, window = outs[-1], set(red.src[1:])
+  size = lambda r: r.src[0].arg
+  for x, wt in (loads, loads[::-1]):
+    # x: the input, read through a window; wt: the weights, one panel per block of output channels c
+    if j not in x.toposort or len(window & set(x.toposort)) < 2 or j in wt.toposort or len(wt.src) != 1: continue
+    channels = [r for r in outs if r in wt.toposort and r not in x.toposort and size(r) % w == 0]
+    panel = math.prod(size(r) for r in red.src[1:]) * w * 4
+    if not channels or panel > MAX_LOCAL_BYTES: continue
+    c, n = channels[-1], {r: i for i, r in enumerate(axes)}
+    # two vectors of channels x (accumulators / 2) columns: each step loads two vectors of weights and broadcasts
+    # one input element per column
+    vecs = 2 if size(c) // w % 2 == 0 else 1
+    cols = next(u for u in (CONV_ACCUMULATORS[w] // vecs, 4, 2, 1) if u <= CONV_ACCUMULATORS[w] // vecs and size(j) % u == 0)
+    opts = [Opt(OptKind.VECTOR, n[c], w)] + [Opt(OptKind.UPCAST, n[c], vecs)] * (vecs > 1) + [Opt(OptKind.UPCAST, n[j], cols)] * (cols > 1)
+    # an input read through masks (padding that conv2d did not store) moves the window's loops outward, so the
+    # masks are computed once per window position, not once per channel;
+    # the weight panel is packed once per block of output channels (it does not depend on the columns)
+    longest = max(red.src[1:], key=size)
+    if len(x.src) > 1: opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
+    return opts + [Opt(OptKind.PACK, n[j])]
   return None
