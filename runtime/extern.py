@@ -16,7 +16,8 @@ batch and each operand's layout.
   float16 operands and output (CUDA_R_32F / CUDA_R_16F) and CUBLAS_COMPUTE_32F: products and sums in float32, as
   the generated code does; for float16 operands cuBLAS runs them on tensor cores (float16 inputs, float32
   accumulation, one rounding to the output's dtype at the end), for float32 the ordinary float32 path (no TF32).
-  cuBLAS is column-major, so the row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T.
+  cuBLAS is column-major, so the row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T
+  (`cublas_gemm`; tests/test_extern.py checks the calls against a numpy model of cuBLAS's column-major contract).
 
 GRAFT_EXTERN=0 turns routines off, =1 uses them wherever they apply; unset, the runtime times both on first use
 (runtime/pick.py).
@@ -151,22 +152,28 @@ def _cuda_gemm() -> Callable | None:
   if (status := lib.cublasCreate_v2(handle)) != 0:
     warnings.warn(f"cuBLAS was found but cublasCreate_v2 failed with status {status}: matrix products stay generated code")
     return None
-  one, zero = ffi.new("float *", 1.0), ffi.new("float *", 0.0)   # alpha and beta: float for CUBLAS_COMPUTE_32F
+  # alpha and beta: float for CUBLAS_COMPUTE_32F, kept alive with the routine
+  return cublas_gemm(lib, handle[0], ffi.new("float *", 1.0), ffi.new("float *", 0.0))
+
+
+def cublas_gemm(lib, handle, one, zero) -> Callable:
+  """The gemm routine over a loaded cuBLAS (`lib`, a created `handle`, alpha = `one` and beta = `zero` as cuBLAS takes
+  them). Row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T: the operands (and their
+  leading dimensions and batch strides) swap, the ops stay."""
   calling = threading.Lock()   # a cuBLAS handle is not to be used by two host threads at once
   cuda_type = {"float32": CUDA_R_32F, "float16": CUDA_R_16F}
 
   def gemm(handles: list[int], ext) -> None:
     p, c, a, b = operand_addresses(handles, ext)
     ab, ct = cuda_type[p["dtype"]], cuda_type[p["c_dtype"]]
-    # row-major C (m x n) = op(A) op(B) is column-major C^T (n x m) = op(B)^T op(A)^T: swap the operands, keep the ops.
-    # The handle's stream is the legacy default stream (0), the one our kernels and copies run on: in order with them
     ops = (CUBLAS_OP_N if p["trans_b"] == "N" else CUBLAS_OP_T, CUBLAS_OP_N if p["trans_a"] == "N" else CUBLAS_OP_T)
+    # the handle's stream is the legacy default stream (0), the one our kernels and copies run on: in order with them
     with calling:
       if p["batch"] == 1:
-        code = lib.cublasGemmEx(handle[0], *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], a, ab, p["lda"], zero,
+        code = lib.cublasGemmEx(handle, *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], a, ab, p["lda"], zero,
                                 c, ct, p["ldc"], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
       else:
-        code = lib.cublasGemmStridedBatchedEx(handle[0], *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], p["stride_b"],
+        code = lib.cublasGemmStridedBatchedEx(handle, *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], p["stride_b"],
                                               a, ab, p["lda"], p["stride_a"], zero, c, ct, p["ldc"], p["stride_c"],
                                               p["batch"], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
     if code != 0: raise RuntimeError(f"cuBLAS {ext.name} failed with status {code} ({p})")

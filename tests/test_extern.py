@@ -22,13 +22,17 @@ def normal(*shape, dtype=np.float32) -> np.ndarray: return rng.standard_normal(s
 
 
 # ---- which kernels the host stage makes library calls of (no library and no GPU needed) ----
-def library_calls(out: Tensor, routines=extern.CUDA_ROUTINES, gpu: bool = True) -> list[str]:
-  """The host program's steps for `out` on a device offering `routines`: each EXTERN as its listing names it, each
-  generated kernel as "call". `gpu`: scheduled as for a GPU (loops onto a grid), else as for the CPU."""
+def host_steps(out: Tensor, routines=extern.CUDA_ROUTINES, gpu: bool = True) -> tuple[UOp, ...]:
+  """The host program's steps for `out` on a device offering `routines`, scheduled as for a GPU (loops onto a grid)
+  or, `gpu` False, as for the CPU."""
   kernels, realized = schedule([out.uop], ["CPU"], Run("CPU", parallel=not gpu, device_loops=gpu))
   ctx = HostContext(frozenset({realized[0].src[0]}), externs=lambda device: routines, extern_mode="on")
-  steps = graph_rewrite(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), host_rules, ctx, name="host").src
-  return [str(s.arg) if s.op is Ops.EXTERN else "call" for s in steps]
+  return graph_rewrite(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), host_rules, ctx, name="host").src
+
+
+def library_calls(out: Tensor, routines=extern.CUDA_ROUTINES, gpu: bool = True) -> list[str]:
+  """Each step for `out`: an EXTERN as its listing names it, a generated kernel as "call"."""
+  return [str(s.arg) if s.op is Ops.EXTERN else "call" for s in host_steps(out, routines, gpu)]
 
 
 T = lambda *shape, dtype=np.float32: Tensor(normal(*shape, dtype=dtype))
@@ -249,6 +253,64 @@ def test_a_matmul_assigned_into_rows_of_a_tensor_writes_only_those_rows_with_sge
   assert "extern sgemm" in str(last_program())
   expect[36:] = a @ b
   np.testing.assert_allclose(t.numpy(), expect, rtol=1e-4, atol=1e-4)
+
+
+class ColumnMajorCublas:
+  """A numpy model of what cuBLAS's cublasGemmEx and cublasGemmStridedBatchedEx compute, by their documentation
+  (column-major matrices, leading dimensions, batch strides in elements, C = alpha op(A) op(B) + beta C with beta 0),
+  over a byte array whose offsets stand for device addresses: it checks the arguments our calls pass (the operands
+  swapped for the row-major product, the types, the strides) without a GPU."""
+  TYPES = {extern.CUDA_R_32F: np.float32, extern.CUDA_R_16F: np.float16}
+
+  def __init__(self, nbytes: int): self.memory = np.zeros(nbytes, np.uint8)
+
+  def at(self, address: int, dtype, rows: int, cols: int, ld: int):
+    """Indices (into the memory viewed as dtype) of the column-major rows x cols matrix at `address`."""
+    size = np.dtype(dtype).itemsize
+    assert address % size == 0 and ld >= rows, (address, ld, rows)
+    return address // size + np.arange(rows)[:, None] + ld * np.arange(cols)[None, :]
+
+  def op(self, address, dtype, trans, rows, cols, ld) -> np.ndarray:
+    """op(X) (rows x cols) in float64, X stored column-major: X itself, or X^T read from a cols x rows matrix."""
+    if trans == extern.CUBLAS_OP_T: return self.memory.view(dtype)[self.at(address, dtype, cols, rows, ld)].T.astype(np.float64)
+    return self.memory.view(dtype)[self.at(address, dtype, rows, cols, ld)].astype(np.float64)
+
+  def cublasGemmEx(self, handle, ta, tb, m, n, k, alpha, A, atype, lda, B, btype, ldb, beta, C, ctype, ldc, compute, algo):
+    assert compute == extern.CUBLAS_COMPUTE_32F and algo == extern.CUBLAS_GEMM_DEFAULT and beta[0] == 0
+    product = alpha[0] * (self.op(A, self.TYPES[atype], ta, m, k, lda) @ self.op(B, self.TYPES[btype], tb, k, n, ldb))
+    self.memory.view(self.TYPES[ctype])[self.at(C, self.TYPES[ctype], m, n, ldc)] = product
+    return 0
+
+  def cublasGemmStridedBatchedEx(self, handle, ta, tb, m, n, k, alpha, A, atype, lda, stride_a, B, btype, ldb, stride_b,
+                                 beta, C, ctype, ldc, stride_c, count, compute, algo):
+    sa, sb, sc = (np.dtype(self.TYPES[t]).itemsize for t in (atype, btype, ctype))
+    for i in range(count):
+      self.cublasGemmEx(handle, ta, tb, m, n, k, alpha, A + sa * stride_a * i, atype, lda, B + sb * stride_b * i, btype, ldb,
+                        beta, C + sc * stride_c * i, ctype, ldc, compute, algo)
+    return 0
+
+
+@pytest.mark.parametrize("layout, sa, sb, dtype, out_dtype", [
+  *((layout, (24, 20), (20, 16), np.float32, dtypes.float32) for layout in LAYOUTS),
+  *((layout, sa, sb, np.float32, dtypes.float32) for layout, sa, sb in BATCHED),
+  ("(A, B)", (3, 24, 20), (20, 16), np.float32, dtypes.float32),      # one product of 72 rows
+  *((layout, (3, 24, 20), (3, 20, 16), np.float16, out) for layout in LAYOUTS[::3] for out in (dtypes.float16, dtypes.float32)),
+  ("(A^T, B)", (24, 20), (20, 16), np.float16, dtypes.float16),
+])
+def test_our_cublas_calls_compute_the_row_major_product_in_a_model_of_cublas(layout, sa, sb, dtype, out_dtype):
+  x, y, A, B = product_operands(layout, sa, sb, "CPU", dtype)
+  [step] = host_steps(A.matmul(B, dtype=out_dtype))
+  assert step.op is Ops.EXTERN
+  addresses, end = [], 0   # each buffer of the step in the model's memory, 256-byte aligned like cudaMalloc's
+  for b in step.src: addresses.append(end); end += -(-b.arg.size * b.dtype.itemsize // 256) * 256
+  model = ColumnMajorCublas(end)
+  for address, b in zip(addresses, step.src):
+    if not isinstance(b.arg, rr.NewBuffer): model.memory[address:address + b.arg.size * b.dtype.itemsize] = b.arg.numpy().view(np.uint8)
+  extern.cublas_gemm(model, "handle", [1.0], [0.0])(addresses, step.arg)
+  c, at = step.src[step.arg.operands[0]], addresses[step.arg.operands[0]]
+  got = model.memory[at:at + c.arg.size * c.dtype.itemsize].view(out_dtype.name)
+  expect = (x.astype(np.float64) @ y.astype(np.float64)).reshape(-1)
+  np.testing.assert_allclose(got.astype(np.float64), expect, rtol=2 ** -10 if out_dtype is dtypes.float16 else 1e-6, atol=1e-3)
 
 
 def cuda_gpu():
