@@ -21,7 +21,8 @@ needs_openblas = pytest.mark.skipif(not has_openblas, reason="scipy-openblas32 i
 def normal(*shape, dtype=np.float32) -> np.ndarray: return rng.standard_normal(shape).astype(dtype)
 
 
-# ---- which kernels the host stage makes library calls of (no library and no GPU needed) ----
+# ---- which kernels the host stage makes library calls of (no library and no GPU needed: tensors on the CPU,
+# scheduled as for a GPU, on a device said to offer cuBLAS's routines) ----
 def host_steps(out: Tensor, routines=extern.CUDA_ROUTINES, gpu: bool = True) -> tuple[UOp, ...]:
   """The host program's steps for `out` on a device offering `routines`, scheduled as for a GPU (loops onto a grid)
   or, `gpu` False, as for the CPU."""
@@ -53,11 +54,11 @@ H = lambda *shape: T(*shape, dtype=np.float16)
   (lambda: H(8, 6).matmul(H(6, 5), dtype=dtypes.float32), "hgemm 8x5x6 (A, B) -> float32"),
   (lambda: H(4, 8, 6) @ H(4, 5, 6).transpose(-1, -2), "hgemm_batched 4x8x5x6 (A, B^T)"),
 ])
-def test_a_batch_of_products_or_a_half_product_becomes_one_library_call(make, expect):
+def test_a_batch_of_products_or_a_half_product_becomes_one_library_call(on_cpu, make, expect):
   assert library_calls(make()) == [expect]
 
 
-def test_attention_makes_both_its_products_strided_batched_calls():
+def test_attention_makes_both_its_products_strided_batched_calls(on_cpu):
   q, k, v = T(4, 32, 16), T(4, 32, 16), T(4, 32, 16)
   calls = library_calls((q @ k.transpose(-1, -2) / math.sqrt(16)).softmax(-1) @ v)
   # the scale is not in the product's kernel (the softmax's kernels divide as they read the scores)
@@ -74,11 +75,11 @@ def test_attention_makes_both_its_products_strided_batched_calls():
   lambda: T(8, 6) @ H(6, 5),                             # mixed dtypes: no variant
   lambda: T(8, 6).cast(dtypes.float16) @ H(6, 5),        # an operand computed in the kernel
 ])
-def test_kernels_that_are_not_exactly_a_product_stay_generated(make):
+def test_kernels_that_are_not_exactly_a_product_stay_generated(on_cpu, make):
   assert library_calls(make()) == ["call"]
 
 
-def test_a_half_product_is_generated_code_on_the_cpu():
+def test_a_half_product_is_generated_code_on_the_cpu(on_cpu):
   assert library_calls(H(8, 6) @ H(6, 5), extern.CPU_ROUTINES, gpu=False) == ["call"]
   assert library_calls(T(4, 8, 6) @ T(4, 6, 5), extern.CPU_ROUTINES, gpu=False) == ["sgemm_batched 4x8x5x6 (A, B)"]
 
