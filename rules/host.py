@@ -163,48 +163,77 @@ def blas_layout(s_rows: int, s_cols: int, rows: int, cols: int) -> tuple[str, in
   return None
 
 
+def product_strides(out: View, value: UOp, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The strides in C's buffer along each axis of the sum (of shape `shape`) that `value` stores through `out`: the sum
+  stored through views that each reshape it in order or permute its axes (a batch of heads written back between a
+  sequence's rows); None for any other view."""
+  strides = out.strides   # along the axes of `value`, as the loop walks down to the sum
+  while value.op is Ops.VIEW:
+    v, inner = value.arg, value.src[0]
+    inner_shape = inner.arg.shape if inner.op is Ops.VIEW else shape
+    inner_contiguous = contiguous_strides(inner_shape)
+    if v.is_contiguous and v.size == math.prod(inner_shape):   # a reshape: element order kept
+      if strides != contiguous_strides(v.shape): return None
+      strides = inner_contiguous
+    elif v.offset == 0 and v.mask is None:                     # a permutation: each axis of the inner value is one of v's
+      unused = [d for d, size in enumerate(v.shape) if size > 1]
+      permuted = []
+      for size, stride in zip(inner_shape, inner_contiguous):
+        d = next((d for d in unused if v.shape[d] == size and v.strides[d] == stride), None) if size > 1 else -1
+        if d is None: return None
+        if d >= 0: unused.remove(d)
+        permuted.append(strides[d] if d >= 0 else 0)
+      if unused: return None
+      strides = tuple(permuted)
+    else: return None
+    value = inner
+  return strides
+
+
 GEMM_DTYPES = (dtypes.float32, dtypes.float16)
 INT32_MAX = 2 ** 31 - 1   # BLAS takes sizes and leading dimensions as 32-bit ints
 
 
 def gemm_operands(k: UOp):
   """(C, A, B, gemm parameters) when kernel k is exactly a (batch of) matrix product(s) C = A @ B and nothing else,
-  else None. The kernel's form, as the front end builds a matmul: STORE(C's rows in order, anywhere in its buffer;
-  [CAST to float16](VIEW of a reshape(REDUCE_AXIS(ADD over the last axis, MUL(A, B))))), A and B read through views of
-  shape (*batch, m, n, k) that repeat A along n and B along m (as BLAS reads them: either possibly transposed), float32
-  or float16 widened to float32 (products exact, summed in float32, one rounding at the end). Batch axes must walk
-  each operand at one stride (0: an operand shared by the batch); a batch sharing B whose A rows follow on from one
-  product to the next is one product with batch x m rows."""
+  else None. The kernel's form, as the front end builds a matmul: STORE(C, [CAST to float16]([VIEWs](REDUCE_AXIS(ADD
+  over the last axis, MUL(A, B))))), A and B read through views of shape (*batch, m, n, k) that repeat A along n and
+  B along m, float32 or float16 widened to float32 (products exact, summed in float32, one rounding at the end). Each
+  operand's layout must be one BLAS reads (either possibly transposed; C's rows unit-stride, anywhere in its buffer:
+  an assignment to t[i:j] stores at an offset), and the batch axes must walk each operand at one stride (0: an operand
+  shared by the batch). A batch sharing B whose A and C rows follow on from one product to the next is one product
+  with batch x m rows."""
   if len(k.src) != 1: return None
   out, value = k.src[0].src
   c = out.src[0]
-  # the output: rows in order, anywhere in its buffer (an assignment to t[i:j] stores at an offset)
-  if out.arg.mask is not None or out.arg.strides != contiguous_strides(out.arg.shape) or c.dtype not in GEMM_DTYPES: return None
+  if out.arg.mask is not None or c.dtype not in GEMM_DTYPES: return None
   if value.op is Ops.CAST:   # float16 out: the float32 sum rounded once
     if c.dtype is not dtypes.float16: return None
     value = value.src[0]
   elif c.dtype is not dtypes.float32: return None
-  if value.op is Ops.VIEW and value.arg.is_contiguous and value.arg.size == out.arg.size: value = value.src[0]
-  if value.op is not Ops.REDUCE_AXIS or value.dtype is not dtypes.float32 or value.src[0].op is not Ops.MUL: return None
-  loads = [product_operand(x) for x in value.src[0].src]
+  r = value
+  while r.op is Ops.VIEW: r = r.src[0]
+  if r.op is not Ops.REDUCE_AXIS or r.dtype is not dtypes.float32 or r.src[0].op is not Ops.MUL: return None
+  loads = [product_operand(x) for x in r.src[0].src]
   if None in loads or any(v.mask is not None for _, v in loads): return None
   (a, av), (b, bv) = loads
   shape = av.shape
-  if len(shape) < 3 or bv.shape != shape or value.arg != (Ops.ADD, (len(shape) - 1,)) or a.dtype is not b.dtype: return None
+  if len(shape) < 3 or bv.shape != shape or r.arg != (Ops.ADD, (len(shape) - 1,)) or a.dtype is not b.dtype: return None
   if c.dtype is dtypes.float16 and a.dtype is not dtypes.float16: return None   # no library variant rounds a float32 product to float16
   *batch, m, n, kk = shape
   if av.strides[-2] != 0: (a, av), (b, bv) = (b, bv), (a, av)  # the operand that does not vary along n is A
   if av.strides[-2] != 0 or bv.strides[-3] != 0 or c in (a, b) or min(m, n, kk) < 2: return None
-  c_strides = contiguous_strides((*batch, m, n))
-  if (merged := merged_batch(tuple(batch), av.strides[:-3], bv.strides[:-3], c_strides[:-2])) is None: return None
+  if (cs := product_strides(out.arg, value, (*batch, m, n, 1))) is None or cs[-2] != 1 or cs[-3] < n: return None
+  if (merged := merged_batch(tuple(batch), av.strides[:-3], bv.strides[:-3], cs[:-3])) is None: return None
   count, (stride_a, stride_b, stride_c) = merged
   if (la := blas_layout(av.strides[-3], av.strides[-1], m, kk)) is None or (lb := blas_layout(bv.strides[-1], bv.strides[-2], kk, n)) is None:
     return None
-  (ta, lda), (tb, ldb) = la, lb
-  if count > 1 and stride_b == 0 and ta == "N" and stride_a == m * lda: m, count, stride_a, stride_c = m * count, 1, 0, 0
-  if max(m, n, kk, lda, ldb, count) > INT32_MAX: return None
+  (ta, lda), (tb, ldb), ldc = la, lb, cs[-3]
+  if count > 1 and stride_b == 0 and ta == "N" and stride_a == m * lda and stride_c == m * ldc:
+    m, count, stride_a, stride_c = m * count, 1, 0, 0
+  if max(m, n, kk, lda, ldb, ldc, count) > INT32_MAX: return None
   return c, a, b, (("dtype", a.dtype.name), ("c_dtype", c.dtype.name), ("batch", count), ("trans_a", ta), ("trans_b", tb),
-                   ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb), ("ldc", n), ("offset_a", av.offset),
+                   ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb), ("ldc", ldc), ("offset_a", av.offset),
                    ("offset_b", bv.offset), ("offset_c", out.arg.offset), ("stride_a", stride_a), ("stride_b", stride_b),
                    ("stride_c", stride_c))
 

@@ -184,6 +184,14 @@ def test_a_batch_sharing_its_right_operand_is_one_product_of_all_rows(monkeypatc
   assert "extern sgemm 72x16x20 (A, B)  out0 <- in0, in1" in str(last_program())
 
 
+@needs_openblas
+def test_heads_written_back_between_a_sequences_rows_are_one_batched_call(monkeypatch, on_cpu):
+  monkeypatch.setenv("GRAFT_EXTERN", "1")
+  out, expect = heads_between_rows()
+  np.testing.assert_allclose(out.numpy(), expect, rtol=1e-4, atol=1e-4)
+  assert "extern sgemm_batched 4x32x16x32 (A, B)  out0 <- in0, in1" in str(last_program())
+
+
 def test_without_the_package_there_is_no_routine_and_matmul_is_generated(monkeypatch, on_cpu):
   monkeypatch.setitem(sys.modules, "scipy_openblas32", None)  # import fails as if it were not installed
   extern._cpu_gemm.cache_clear()
@@ -291,16 +299,35 @@ class ColumnMajorCublas:
     return 0
 
 
-@pytest.mark.parametrize("layout, sa, sb, dtype, out_dtype", [
-  *((layout, (24, 20), (20, 16), np.float32, dtypes.float32) for layout in LAYOUTS),
-  *((layout, sa, sb, np.float32, dtypes.float32) for layout, sa, sb in BATCHED),
-  ("(A, B)", (3, 24, 20), (20, 16), np.float32, dtypes.float32),      # one product of 72 rows
-  *((layout, (3, 24, 20), (3, 20, 16), np.float16, out) for layout in LAYOUTS[::3] for out in (dtypes.float16, dtypes.float32)),
-  ("(A^T, B)", (24, 20), (20, 16), np.float16, dtypes.float16),
-])
-def test_our_cublas_calls_compute_the_row_major_product_in_a_model_of_cublas(layout, sa, sb, dtype, out_dtype):
+def product_case(layout: str, sa: tuple, sb: tuple, dtype=np.float32, out_dtype=dtypes.float32):
+  """A product to run and what it must give: (A @ B in `layout`, on the CPU, its value in float64)."""
   x, y, A, B = product_operands(layout, sa, sb, "CPU", dtype)
-  [step] = host_steps(A.matmul(B, dtype=out_dtype))
+  return A.matmul(B, dtype=out_dtype), x.astype(np.float64) @ y.astype(np.float64)
+
+
+def heads_between_rows():
+  """Attention's p @ v per head, written back as (sequence, heads x head size): a batch whose C rows are 64 apart
+  (ldc 64) and whose products sit 16 apart (batch stride 16)."""
+  p, v = normal(4, 32, 32), normal(32, 64)
+  out = (Tensor(p) @ Tensor(v).reshape(32, 4, 16).permute(1, 0, 2)).permute(1, 0, 2).reshape(32, 64)
+  return out, (p.astype(np.float64) @ v.reshape(32, 4, 16).transpose(1, 0, 2)).transpose(1, 0, 2).reshape(32, 64)
+
+
+PRODUCT_CASES = [
+  *(lambda layout=layout: product_case(layout, (24, 20), (20, 16)) for layout in LAYOUTS),
+  *(lambda layout=layout, sa=sa, sb=sb: product_case(layout, sa, sb) for layout, sa, sb in BATCHED),
+  lambda: product_case("(A, B)", (3, 24, 20), (20, 16)),      # one product of 72 rows
+  heads_between_rows,
+  *(lambda layout=layout, out=out: product_case(layout, (3, 24, 20), (3, 20, 16), np.float16, out)
+    for layout in LAYOUTS[::3] for out in (dtypes.float16, dtypes.float32)),
+  lambda: product_case("(A^T, B)", (24, 20), (20, 16), np.float16, dtypes.float16),
+]
+
+
+@pytest.mark.parametrize("case", PRODUCT_CASES)
+def test_our_cublas_calls_compute_the_row_major_product_in_a_model_of_cublas(case):
+  out, expect = case()
+  [step] = host_steps(out)
   assert step.op is Ops.EXTERN
   addresses, end = [], 0   # each buffer of the step in the model's memory, 256-byte aligned like cudaMalloc's
   for b in step.src: addresses.append(end); end += -(-b.arg.size * b.dtype.itemsize // 256) * 256
@@ -309,9 +336,8 @@ def test_our_cublas_calls_compute_the_row_major_product_in_a_model_of_cublas(lay
     if not isinstance(b.arg, rr.NewBuffer): model.memory[address:address + b.arg.size * b.dtype.itemsize] = b.arg.numpy().view(np.uint8)
   extern.cublas_gemm(model, "handle", [1.0], [0.0])(addresses, step.arg)
   c, at = step.src[step.arg.operands[0]], addresses[step.arg.operands[0]]
-  got = model.memory[at:at + c.arg.size * c.dtype.itemsize].view(out_dtype.name)
-  expect = (x.astype(np.float64) @ y.astype(np.float64)).reshape(-1)
-  np.testing.assert_allclose(got.astype(np.float64), expect, rtol=2 ** -10 if out_dtype is dtypes.float16 else 1e-6, atol=1e-3)
+  got = model.memory[at:at + c.arg.size * c.dtype.itemsize].view(out.dtype.name).astype(np.float64)
+  np.testing.assert_allclose(got, expect.reshape(-1), rtol=2 ** -10 if out.dtype is dtypes.float16 else 1e-6, atol=1e-3)
 
 
 def cuda_gpu():
