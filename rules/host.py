@@ -4,8 +4,9 @@ Stage `host` (rule set `host_rules`, ctx: `HostContext`). In: `SINK(kernels and 
 arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, each step one of
   - `CALL(*buffers, arg=kernel)`: a generated kernel, `kernel` its normalized form (buffers as numbered slots),
     `buffers` what fills each slot;
-  - `EXTERN(*buffers, arg=Extern)`: a library routine (sgemm) doing what a matrix-product kernel does; the
-    generated kernel stays in `Extern.kernel`, the other candidate for the runtime's measured pick (runtime/pick.py);
+  - `EXTERN(*buffers, arg=Extern)`: a library routine (gemm: sgemm, hgemm, batched or not) doing what a kernel that
+    is exactly a matrix product (or a batch of them) does; the generated kernel stays in `Extern.kernel`, the other
+    candidate for the runtime's measured pick (runtime/pick.py);
   - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
     runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
     blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`;
@@ -23,7 +24,7 @@ buffer dying there puts its storage back on the free list. The last rule, on the
 its ALLOCs and FREEs; a `FREE`'s arg names the storage it gives back to the device (the last use of that storage).
 """
 from __future__ import annotations
-import itertools
+import itertools, math
 from dataclasses import dataclass, field
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
@@ -42,14 +43,31 @@ class Storage:
 
 @dataclass(frozen=True)
 class Extern:
-  """A library routine standing in for a kernel: `name` (e.g. "sgemm"), its integer parameters, which of the step's
-  buffers are its output and inputs, and the generated kernel that computes the same."""
-  name: str
+  """A library routine standing in for a kernel: a routine of `family` ("gemm", the only one so far) with its
+  parameters (for gemm: operand dtypes, batch count, the BLAS layout of each operand, offsets and batch strides in
+  elements), which of the step's buffers are its output and inputs, and the generated kernel that computes the same.
+  `name` is the variant a library exports and the listing shows: "sgemm" (float32), "hgemm" (float16 operands, the
+  product accumulated in float32), "_batched" added for more than one product."""
+  family: str
   params: tuple[tuple[str, int | str], ...]
   operands: tuple[int, ...]   # indices into the step's buffers: output first
   kernel: UOp
   pick: bool                  # time both on first use (True), or always the library (False)
 
+  @property
+  def name(self) -> str:
+    p = dict(self.params)
+    return {"float32": "s", "float16": "h"}[p["dtype"]] + self.family + ("_batched" if p["batch"] > 1 else "")
+
+  def __str__(self) -> str:
+    """`sgemm 64x48x40 (A, B^T)`: (batch x) m x n x k, each operand as BLAS reads it (^T: transposed), a broadcast
+    operand (one matrix for the whole batch) and an output dtype other than the operands' named after."""
+    p = dict(self.params)
+    size = "x".join(str(p[d]) for d in (("batch",) if p["batch"] > 1 else ()) + ("m", "n", "k"))
+    layout = ", ".join(x + ("^T" if p[f"trans_{x.lower()}"] == "T" else "") for x in "AB")
+    shared = "".join(f"; {x} broadcast" for x in "AB" if p["batch"] > 1 and p[f"stride_{x.lower()}"] == 0)
+    out = f" -> {p['c_dtype']}" if p["c_dtype"] != p["dtype"] else ""
+    return f"{self.name} {size} ({layout}{shared}){out}"
 
 
 @dataclass(frozen=True)
@@ -117,52 +135,117 @@ def call_kernel(ctx: HostContext, k: UOp, allow_targets: bool = True) -> UOp | N
   return UOp(Ops.CALL, src=tuple(buffers), arg=norm)
 
 
-def buffer_read(x: UOp) -> tuple[UOp, View] | None:
-  """(buffer, the one View it is read through) for a chain of VIEWs over a BUFFER that merges into one view."""
+def product_operand(x: UOp) -> tuple[UOp, View] | None:
+  """(buffer, the one View it is read through) of an operand of a product: a chain of VIEWs over a BUFFER that merges
+  into one view, where a float16 buffer may be widened to float32 on the way (a view commutes with the cast)."""
+  if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.src[0].dtype is dtypes.float16:
+    inner = product_operand(x.src[0])
+    return inner if inner is not None and inner[0].dtype is dtypes.float16 else None
   if x.op is not Ops.VIEW: return None
   if x.src[0].op is Ops.BUFFER: return x.src[0], x.arg
-  inner = buffer_read(x.src[0])
+  inner = product_operand(x.src[0])
   return None if inner is None or (v := compose(inner[1], x.arg)) is None else (inner[0], v)
 
 
-def matmul_operands(k: UOp):
-  """(C, A, B, sgemm parameters) when kernel k is C = A @ B over float32 buffers (row-major, either operand possibly
-  transposed, as BLAS reads them), else None."""
+def merged_batch(sizes: tuple[int, ...], *strides: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
+  """(count, one stride per operand) of batch axes that walk every operand's memory as a single axis would (axes of
+  size 1 dropped), else None; no axes is a batch of 1."""
+  axes = [i for i, s in enumerate(sizes) if s > 1]
+  for st in strides:
+    if any(st[i] < 0 for i in axes) or any(st[i] != st[j] * sizes[j] for i, j in zip(axes, axes[1:])): return None
+  return math.prod(sizes), tuple(st[axes[-1]] if axes else 0 for st in strides)
+
+
+def blas_layout(s_rows: int, s_cols: int, rows: int, cols: int) -> tuple[str, int] | None:
+  """("N", leading dimension) for a rows x cols matrix stored row-major, ("T", ...) for one stored transposed."""
+  if s_cols == 1 and s_rows >= cols: return "N", s_rows
+  if s_rows == 1 and s_cols >= rows: return "T", s_cols
+  return None
+
+
+def product_strides(out: View, value: UOp, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The strides in C's buffer along each axis of the sum (of shape `shape`) that `value` stores through `out`: the sum
+  stored through views that each reshape it in order or permute its axes (a batch of heads written back between a
+  sequence's rows); None for any other view."""
+  strides = out.strides   # along the axes of `value`, as the loop walks down to the sum
+  while value.op is Ops.VIEW:
+    v, inner = value.arg, value.src[0]
+    inner_shape = inner.arg.shape if inner.op is Ops.VIEW else shape
+    inner_contiguous = contiguous_strides(inner_shape)
+    if v.is_contiguous and v.size == math.prod(inner_shape):   # a reshape: element order kept
+      if strides != contiguous_strides(v.shape): return None
+      strides = inner_contiguous
+    elif v.offset == 0 and v.mask is None:                     # a permutation: each axis of the inner value is one of v's
+      unused = [d for d, size in enumerate(v.shape) if size > 1]
+      permuted = []
+      for size, stride in zip(inner_shape, inner_contiguous):
+        d = next((d for d in unused if v.shape[d] == size and v.strides[d] == stride), None) if size > 1 else -1
+        if d is None: return None
+        if d >= 0: unused.remove(d)
+        permuted.append(strides[d] if d >= 0 else 0)
+      if unused: return None
+      strides = tuple(permuted)
+    else: return None
+    value = inner
+  return strides
+
+
+GEMM_DTYPES = (dtypes.float32, dtypes.float16)
+INT32_MAX = 2 ** 31 - 1   # BLAS takes sizes and leading dimensions as 32-bit ints
+
+
+def gemm_operands(k: UOp):
+  """(C, A, B, gemm parameters) when kernel k is exactly a (batch of) matrix product(s) C = A @ B and nothing else,
+  else None. The kernel's form, as the front end builds a matmul: STORE(C, [CAST to float16]([VIEWs](REDUCE_AXIS(ADD
+  over the last axis, MUL(A, B))))), A and B read through views of shape (*batch, m, n, k) that repeat A along n and
+  B along m, float32 or float16 widened to float32 (products exact, summed in float32, one rounding at the end). Each
+  operand's layout must be one BLAS reads (either possibly transposed; C's rows unit-stride, anywhere in its buffer:
+  an assignment to t[i:j] stores at an offset), and the batch axes must walk each operand at one stride (0: an operand
+  shared by the batch). A batch sharing B whose A and C rows follow on from one product to the next is one product
+  with batch x m rows."""
   if len(k.src) != 1: return None
   out, value = k.src[0].src
   c = out.src[0]
-  # the output: rows in order, anywhere in its buffer (an assignment to t[i:j] stores at an offset)
-  if len(out.arg.shape) != 2 or out.arg.mask is not None or out.arg.strides != contiguous_strides(out.arg.shape): return None
-  if c.dtype is not dtypes.float32: return None
-  m, n = out.arg.shape
-  r = value.src[0] if value.op is Ops.VIEW and value.arg.is_contiguous and value.arg.size == m * n else value
-  if r.op is not Ops.REDUCE_AXIS or r.arg != (Ops.ADD, (2,)) or r.src[0].op is not Ops.MUL: return None
-  loads = [buffer_read(x) for x in r.src[0].src]
-  if None in loads or any(v.mask is not None or b.dtype is not dtypes.float32 or len(v.shape) != 3 for b, v in loads): return None
-  kk = loads[0][1].shape[2]
-  if loads[0][1].shape != (m, n, kk) or min(m, n, kk) < 2: return None
-  if loads[0][1].strides[1] != 0: loads = loads[::-1]  # the operand that does not vary along n is A
+  if out.arg.mask is not None or c.dtype not in GEMM_DTYPES: return None
+  if value.op is Ops.CAST:   # float16 out: the float32 sum rounded once
+    if c.dtype is not dtypes.float16: return None
+    value = value.src[0]
+  elif c.dtype is not dtypes.float32: return None
+  r = value
+  while r.op is Ops.VIEW: r = r.src[0]
+  if r.op is not Ops.REDUCE_AXIS or r.dtype is not dtypes.float32 or r.src[0].op is not Ops.MUL: return None
+  loads = [product_operand(x) for x in r.src[0].src]
+  if None in loads or any(v.mask is not None for _, v in loads): return None
   (a, av), (b, bv) = loads
-  if av.strides[1] != 0 or bv.strides[0] != 0 or c in (a, b): return None
-  (sam, _, sak), (_, sbn, sbk) = av.strides, bv.strides
-  if sak == 1 and sam >= kk: ta, lda = "N", sam
-  elif sam == 1 and sak >= m: ta, lda = "T", sak
-  else: return None
-  if sbn == 1 and sbk >= n: tb, ldb = "N", sbk
-  elif sbk == 1 and sbn >= kk: tb, ldb = "T", sbn
-  else: return None
-  return c, a, b, (("trans_a", ta), ("trans_b", tb), ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb),
-                   ("ldc", n), ("offset_a", av.offset), ("offset_b", bv.offset), ("offset_c", out.arg.offset))
+  shape = av.shape
+  if len(shape) < 3 or bv.shape != shape or r.arg != (Ops.ADD, (len(shape) - 1,)) or a.dtype is not b.dtype: return None
+  if c.dtype is dtypes.float16 and a.dtype is not dtypes.float16: return None   # no library variant rounds a float32 product to float16
+  *batch, m, n, kk = shape
+  if av.strides[-2] != 0: (a, av), (b, bv) = (b, bv), (a, av)  # the operand that does not vary along n is A
+  if av.strides[-2] != 0 or bv.strides[-3] != 0 or c in (a, b) or min(m, n, kk) < 2: return None
+  if (cs := product_strides(out.arg, value, (*batch, m, n, 1))) is None or cs[-2] != 1 or cs[-3] < n: return None
+  if (merged := merged_batch(tuple(batch), av.strides[:-3], bv.strides[:-3], cs[:-3])) is None: return None
+  count, (stride_a, stride_b, stride_c) = merged
+  if (la := blas_layout(av.strides[-3], av.strides[-1], m, kk)) is None or (lb := blas_layout(bv.strides[-1], bv.strides[-2], kk, n)) is None:
+    return None
+  (ta, lda), (tb, ldb), ldc = la, lb, cs[-3]
+  if count > 1 and stride_b == 0 and ta == "N" and stride_a == m * lda and stride_c == m * ldc:
+    m, count, stride_a, stride_c = m * count, 1, 0, 0
+  if max(m, n, kk, lda, ldb, ldc, count) > INT32_MAX: return None
+  return c, a, b, (("dtype", a.dtype.name), ("c_dtype", c.dtype.name), ("batch", count), ("trans_a", ta), ("trans_b", tb),
+                   ("m", m), ("n", n), ("k", kk), ("lda", lda), ("ldb", ldb), ("ldc", ldc), ("offset_a", av.offset),
+                   ("offset_b", bv.offset), ("offset_c", out.arg.offset), ("stride_a", stride_a), ("stride_b", stride_b),
+                   ("stride_c", stride_c))
 
 
 def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
-  """A matrix product the device's BLAS can do: an EXTERN sgemm step, the generated kernel kept as the other choice."""
+  """A matrix product the device's BLAS can do: an EXTERN gemm step, the generated kernel kept as the other choice."""
   if ctx.extern_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
-  # the shape first: asking for the routine loads the library
-  if (mm := matmul_operands(k)) is None or "sgemm" not in ctx.externs(k.arg): return None
+  if (mm := gemm_operands(k)) is None: return None
   norm, buffers = normalize(k)
-  operands = tuple(buffers.index(x) for x in mm[:3])
-  return UOp(Ops.EXTERN, src=tuple(buffers), arg=Extern("sgemm", mm[3], operands, norm, ctx.extern_mode == "pick"))
+  ext = Extern("gemm", mm[3], tuple(buffers.index(x) for x in mm[:3]), norm, ctx.extern_mode == "pick")
+  # the shape first: asking for the routine loads the library
+  return UOp(Ops.EXTERN, src=tuple(buffers), arg=ext) if ext.name in ctx.externs(k.arg) else None
 
 
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:

@@ -79,9 +79,7 @@ class Program:
         # [choice]: None until the first run picks (or "extern" / "generated" when the plan says so)
         choice = ["extern" if not ext.pick else None]
         self.steps.append(("extern", ext, fn, ck, idx, choice))
-        p = dict(ext.params)
-        what = f"{p['m']}x{p['n']}x{p['k']} ({'A' if p['trans_a'] == 'N' else 'A^T'}, {'B' if p['trans_b'] == 'N' else 'B^T'})"
-        lines.append(f"extern {ext.name} {what}  {self._io(names, idx, 1)}" +
+        lines.append(f"extern {ext}  {self._io(names, idx, 1)}" +
                      (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
       elif step.op is Ops.PICK:
         options = [(name, [(kernels[norm], [idx[i] for i in at]) for norm, at in calls]) for name, calls in step.arg.options]
