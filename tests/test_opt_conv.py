@@ -11,6 +11,8 @@ from rules.opt.heuristic import vector_width
 from tests.opt_helpers import lowered, run_with
 from tests.test_tensor_nn import _conv2d
 
+pytestmark = pytest.mark.usefixtures("on_cpu")  # the CPU's vocabulary: on the CPU also in a DEVICE=CUDA run
+
 rng = np.random.default_rng(9)
 x, w = rng.standard_normal((2, 8, 10, 12), dtype=np.float32), rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
 
