@@ -32,7 +32,8 @@ def test_heuristic_row_reduction_is_simd_and_parallel():
 def test_heuristic_matmul_is_a_register_tile_over_a_packed_panel():
   a, b = (Tensor(rng.standard_normal((128, 128), dtype=np.float32)) for _ in range(2))
   _, plan = lowered(a @ b)
-  assert {OptKind.VECTOR, OptKind.UPCAST, OptKind.PACK, OptKind.INTERCHANGE, OptKind.PARALLEL} == set(kinds(plan))
+  tile = {OptKind.VECTOR, OptKind.UPCAST, OptKind.PACK, OptKind.INTERCHANGE, OptKind.PARALLEL}
+  assert tile <= set(kinds(plan)) <= tile | {OptKind.PAD}   # 128 rows padded to tiles of 6 on AVX2, 8 divide them
 
 
 def test_heuristic_linear_layer_packs_w_transposed_into_panels():
