@@ -14,10 +14,11 @@ A plan that fails to apply or to compile is skipped by the search; a cached plan
 """
 from __future__ import annotations
 import hashlib, json, os, time
+import numpy as np
 from rewrite import UOp, Ops
 from rules.pipeline import lower_kernel, Run, pipeline
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
-from .buffer import Buffer
+from .buffer import Buffer, _np_dtype
 from .device import get_device, CompileError
 from . import cache
 
@@ -93,10 +94,18 @@ def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: i
   name = f"search_{hashlib.sha1(repr(plan.opts).encode()).hexdigest()[:8]}"
   prog = dev.build(dev.renderer.source([dev.renderer.render(name, linear)]), [name])[name]
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
-  bufs = [Buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
+  bufs = [test_buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
   handles = [b.handle for b in bufs]
   prog(*handles, wait=True)   # first touch of the memory
   return min(prog(*handles, wait=True) for _ in range(repeats))
+
+
+def test_buffer(device: str, size: int, dtype) -> Buffer:
+  """A buffer of the kernel's size holding normal random values: memory left as it came may hold denormal floats,
+  whose arithmetic is many times slower, and the search would time those."""
+  np_dtype = _np_dtype(dtype)
+  values = np.random.default_rng(0).standard_normal(size).astype(np_dtype) if dtype.is_float else np.zeros(size, np_dtype)
+  return Buffer(device, size, dtype).copyin(values)
 
 
 def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
