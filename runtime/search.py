@@ -114,9 +114,10 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
   opts = plan.opts
   for i, o in enumerate(opts):
     out.append(opts[:i] + opts[i + 1:])                                  # one record fewer
-    if o.kind is OptKind.UPCAST:
+    if o.kind is OptKind.UPCAST:   # another unroll amount (a pad of its loop follows it: the tile still fits)
       for n in (2, 3, 4, 6, 8):
-        if n != o.amount: out.append(opts[:i] + (Opt(o.kind, o.axis, n),) + opts[i + 1:])
+        if n != o.amount:
+          out.append(tuple(Opt(p.kind, p.axis, n) if p is o or (p.kind is OptKind.PAD and p.axis == o.axis) else p for p in opts))
   outs = [a for a, k in enumerate(kinds) if k == "out"]
   for a in outs:
     for kind in (OptKind.INTERCHANGE, OptKind.PACK):
