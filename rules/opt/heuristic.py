@@ -109,9 +109,12 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
     if others and (rows_tile := tile_rows(size(others[-1]), max(1, (16 if w == 16 else 14) // vecs))):
       opts += [Opt(kind, n[others[-1]], rows_tile) for kind in ((OptKind.PAD, OptKind.UPCAST) if size(others[-1]) % rows_tile else (OptKind.UPCAST,))]
-      # the packed panel's loop of columns moves outermost: the rows stream A past a panel that stays in cache
+      # a B larger than a panel: its loop of column blocks moves outermost, the rows stream A past a panel that stays
+      # in cache; a B no larger is packed whole and stays, and each tile of rows sweeps it all while its A stays in
+      # L1 (attention's P @ V: 1.3x faster than streaming P four times)
       if packable and (rows > vecs or not contiguous):
-        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs else [])
+        whole = math.prod(size(r) for r in red.src[1:]) * size(j) * 4
+        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs and whole > PANEL_BYTES else [])
     if contiguous or any(o.kind is OptKind.PACK for o in opts): return opts
   if len(loads) > 1 and all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs
