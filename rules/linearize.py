@@ -96,8 +96,9 @@ def start_kernel_block(sink: UOp) -> UOp:
   # as they are made (all products first, then all updates, needs a register per product)
   updates: dict[UOp, list[UOp]] = {}
   for r in [r for r in stmts if r.op is Ops.REDUCE]:
-    updates.setdefault(r.src[0] if chains.get(r.src[0]) == chains[r.src[-1]] else None, []).append(update := UOp(Ops.ASSIGN, r.dtype, (r,)))
+    update = UOp(Ops.ASSIGN, r.dtype, (r,))
     chains[update] = chains[r.src[-1]]
+    updates.setdefault(r.src[0] if chains.get(r.src[0]) == chains[update] else None, []).append(update)
   stmts = [m for n in stmts for m in (n, *updates.get(n, ()))] + updates.get(None, [])
   top: list[UOp] = []
   for chain, run in itertools.groupby(stmts, key=chains.__getitem__):

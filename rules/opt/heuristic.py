@@ -71,7 +71,7 @@ def tile_rows(size: int, most: int) -> int | None:
   other 4 registers for B's vectors and a broadcast), the loop padded to a multiple of them (rules/opt/pad.py) when
   that wastes under 1/16 of it; else the most that divide it."""
   best = next((u for u in (8, 6, 4, 3, 2) if u <= most and size >= 2 * u), None)
-  if best is None or size % best == 0 or -size % best * 16 < size: return best
+  if best is None or (-size % best) * 16 < size: return best   # -size % best: the rows padding adds
   return next((u for u in (8, 6, 4, 3, 2) if u <= most and size % u == 0 and size >= 2 * u), None)
 
 
@@ -107,8 +107,8 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     # and not on the long one (the channels), are computed once per window position
     longest = max(red.src[1:], key=size)
     opts += [Opt(OptKind.INTERCHANGE, n[r]) for r in red.src[1:] if r is not longest]
-    if others and (rows_tile := tile_rows(size(others[-1]), max(1, (16 if w == 16 else 14) // vecs))):
-      opts += [Opt(kind, n[others[-1]], rows_tile) for kind in ((OptKind.PAD, OptKind.UPCAST) if size(others[-1]) % rows_tile else (OptKind.UPCAST,))]
+    if others and (u := tile_rows(size(others[-1]), max(1, (16 if w == 16 else 14) // vecs))):
+      opts += ([Opt(OptKind.PAD, n[others[-1]], u)] if size(others[-1]) % u else []) + [Opt(OptKind.UPCAST, n[others[-1]], u)]
       # a B larger than a panel: its loop of column blocks moves outermost, the rows stream A past a panel that stays
       # in cache; a B no larger is packed whole and stays, and each tile of rows sweeps it all while its A stays in
       # L1 (attention's P @ V: 1.3x faster than streaming P four times)
