@@ -5,8 +5,8 @@
    the device, the pipeline version, this module's version and the machine (CPU model and flags): origin "cache";
 2. else, with `GRAFT_SEARCH=N`, a beam search finds: it starts from the heuristic's plan, and each round changes one
    record of each of the N best plans so far (an unroll amount, one record fewer, a loop moved outward, a packed
-   operand, a tile) and
-   compiles and times every new candidate on fresh buffers of the kernel's sizes, until a round finds nothing
+   operand, a tile, a tile of rows padded to fit) and compiles and times every new candidate on fresh buffers of
+   the kernel's sizes holding random values, until a round finds nothing
    faster or `GRAFT_SEARCH_SECONDS` (default 20) are spent on the kernel; the winner is written to the cache:
    origin "search";
 3. else the heuristic (rules/opt/heuristic.py) picks: origin "heuristic".
@@ -122,8 +122,9 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
   for a in outs:
     for kind in (OptKind.INTERCHANGE, OptKind.PACK):
       if not any(o.kind is kind and o.axis == a for o in opts): out.append(opts + (Opt(kind, a),))
-    for n in (2, 4, 8):
-      if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts): out.append(opts + (Opt(OptKind.UPCAST, a, n),))
+    for n in (2, 3, 4, 6, 8):   # a tile of rows, the loop padded to a multiple of it when it does not divide it
+      if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts):
+        out.append(opts + ((Opt(OptKind.PAD, a, n),) if sizes[a] % n else ()) + (Opt(OptKind.UPCAST, a, n),))
     for n in (16, 32, 64, 128):
       out.append(opts + (Opt(OptKind.SPLIT, a, n),))
   seen, plans = set(), []
