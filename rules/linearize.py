@@ -88,13 +88,18 @@ _NOT_STATEMENTS = (Ops.CONST, Ops.RANGE, Ops.SINK)   # constants are inline, loo
 def start_kernel_block(sink: UOp) -> UOp:
   """SINK(STORE...) -> SINK(BLOCK((), statements)): every node of the kernel is a statement, sources first, each
   inside a BLOCK naming the loops it runs in (neighbours in the same loops share one; statements outside every loop
-  stand bare). Each REDUCE adds its update, ASSIGN(REDUCE), a statement of its innermost loop, listed after all
-  others so that it ends that loop."""
+  stand bare). Each REDUCE adds its update, ASSIGN(REDUCE), a statement of its innermost loop, listed right after
+  the value it adds when that is computed in the same loop, else after all others so that it ends that loop."""
   chains = loop_chains(sink)
   stmts = [n for n in sink.toposort if n.op not in _NOT_STATEMENTS]
+  # each update follows its value at once: the C compiler keeps the order, and a register tile's products then die
+  # as they are made (all products first, then all updates, needs a register per product)
+  updates: dict[UOp, list[UOp]] = {}
   for r in [r for r in stmts if r.op is Ops.REDUCE]:
-    stmts.append(update := UOp(Ops.ASSIGN, r.dtype, (r,)))
+    update = UOp(Ops.ASSIGN, r.dtype, (r,))
     chains[update] = chains[r.src[-1]]
+    updates.setdefault(r.src[0] if chains.get(r.src[0]) == chains[update] else None, []).append(update)
+  stmts = [m for n in stmts for m in (n, *updates.get(n, ()))] + updates.get(None, [])
   top: list[UOp] = []
   for chain, run in itertools.groupby(stmts, key=chains.__getitem__):
     if chain: top.append(UOp(Ops.BLOCK, src=tuple(run), arg=chain))

@@ -61,7 +61,14 @@ def decide(x: UOp, why: str, device: str | None = None) -> UOp:
   frame = sys._getframe(1)
   while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
   rule = frame.f_code
-  return UOp(Ops.CONTIGUOUS, x.dtype, (x,), Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+  return UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(x),), Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+
+
+def read_realized_reductions(x: UOp) -> UOp:
+  """x reading from its buffer each reduction that x's graph also computes into a buffer: attention's probabilities
+  exp(s - max(s)) / sum(...) read the scores s the max and the sum read, not a second product q @ k.T."""
+  realized = {n.src[0]: n for n in x.toposort if n.op is Ops.CONTIGUOUS and n.src[0].op is Ops.REDUCE_AXIS}
+  return substitute(x, realized) if realized else x
 
 
 def _realize_output(sink: UOp) -> UOp | None:

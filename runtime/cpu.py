@@ -48,6 +48,11 @@ from runtime.device import Allocator, CompileError, Device, host_memory_bytes, p
 # -fno-trapping-math gcc 12 leaves the clamps of g_exp2f as branches and does not vectorize exp loops (softmax's
 # exp kernels ran 4-6x slower on an AVX2 EPYC). Values are unchanged: no reassociation, NaN and inf as before.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+# threads that finish a parallel loop sleep until the next one instead of spinning (libgomp reads this when the first
+# kernel library loads; a user's setting wins): on a machine whose cores other processes also use, a spinning
+# thread takes the core from the thread that still has work, and every parallel loop waits for the slowest
+# (attention, 5 parallel kernels, ran 3x slower on 2 threads than on 1 beside other jobs on a 2-core EPYC)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # from <sys/mman.h> on Linux
 ALIGN = 64          # a cache line, and the widest vector load (AVX-512)

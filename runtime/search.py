@@ -5,8 +5,8 @@
    the device, the pipeline version, this module's version and the machine (CPU model and flags): origin "cache";
 2. else, with `GRAFT_SEARCH=N`, a beam search finds: it starts from the heuristic's plan, and each round changes one
    record of each of the N best plans so far (an unroll amount, one record fewer, a loop moved outward, a packed
-   operand, a tile) and
-   compiles and times every new candidate on fresh buffers of the kernel's sizes, until a round finds nothing
+   operand, a tile, a tile of rows padded to fit) and compiles and times every new candidate on fresh buffers of
+   the kernel's sizes holding random values, until a round finds nothing
    faster or `GRAFT_SEARCH_SECONDS` (default 20) are spent on the kernel; the winner is written to the cache:
    origin "search";
 3. else the heuristic (rules/opt/heuristic.py) picks: origin "heuristic".
@@ -14,10 +14,11 @@ A plan that fails to apply or to compile is skipped by the search; a cached plan
 """
 from __future__ import annotations
 import hashlib, json, os, time
+import numpy as np
 from rewrite import UOp, Ops
 from rules.pipeline import lower_kernel, Run, pipeline
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
-from .buffer import Buffer
+from .buffer import Buffer, _np_dtype
 from .device import get_device, CompileError
 from . import cache
 
@@ -93,10 +94,18 @@ def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: i
   name = f"search_{hashlib.sha1(repr(plan.opts).encode()).hexdigest()[:8]}"
   prog = dev.build(dev.renderer.source([dev.renderer.render(name, linear)]), [name])[name]
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
-  bufs = [Buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
+  bufs = [test_buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
   handles = [b.handle for b in bufs]
   prog(*handles, wait=True)   # first touch of the memory
   return min(prog(*handles, wait=True) for _ in range(repeats))
+
+
+def test_buffer(device: str, size: int, dtype) -> Buffer:
+  """A buffer of the kernel's size holding normal random values: memory left as it came may hold denormal floats,
+  whose arithmetic is many times slower, and the search would time those."""
+  np_dtype = _np_dtype(dtype)
+  values = np.random.default_rng(0).standard_normal(size).astype(np_dtype) if dtype.is_float else np.zeros(size, np_dtype)
+  return Buffer(device, size, dtype).copyin(values)
 
 
 def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
@@ -105,15 +114,17 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
   opts = plan.opts
   for i, o in enumerate(opts):
     out.append(opts[:i] + opts[i + 1:])                                  # one record fewer
-    if o.kind is OptKind.UPCAST:
+    if o.kind is OptKind.UPCAST:   # another unroll amount (a pad of its loop follows it: the tile still fits)
       for n in (2, 3, 4, 6, 8):
-        if n != o.amount: out.append(opts[:i] + (Opt(o.kind, o.axis, n),) + opts[i + 1:])
+        if n != o.amount:
+          out.append(tuple(Opt(p.kind, p.axis, n) if p is o or (p.kind is OptKind.PAD and p.axis == o.axis) else p for p in opts))
   outs = [a for a, k in enumerate(kinds) if k == "out"]
   for a in outs:
     for kind in (OptKind.INTERCHANGE, OptKind.PACK):
       if not any(o.kind is kind and o.axis == a for o in opts): out.append(opts + (Opt(kind, a),))
-    for n in (2, 4, 8):
-      if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts): out.append(opts + (Opt(OptKind.UPCAST, a, n),))
+    for n in (2, 3, 4, 6, 8):   # a tile of rows, the loop padded to a multiple of it when it does not divide it
+      if not any(o.axis == a and o.kind is OptKind.UPCAST for o in opts):
+        out.append(opts + ((Opt(OptKind.PAD, a, n),) if sizes[a] % n else ()) + (Opt(OptKind.UPCAST, a, n),))
     for n in (16, 32, 64, 128):
       out.append(opts + (Opt(OptKind.SPLIT, a, n),))
   seen, plans = set(), []

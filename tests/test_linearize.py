@@ -105,7 +105,8 @@ def test_reductions_over_the_same_loop_share_it_behind_their_sources():
   second_row = i + 4                    # computed in loop i, read only by the second reduction
   r1 = total(load(1, second_row * 16 + k) * load(2, k), k)
   lin = linearize(store(0, i, r0), store(0, second_row, r1))
-  assert names(lin) == ["i{", "acc", "acc", "k{", "load", "load", "load", "update", "update", "}k",
+  # each update right after its product (a register tile's products die as they are made)
+  assert names(lin) == ["i{", "acc", "acc", "k{", "load", "load", "update", "load", "update", "}k",
                         "reduce", "store", "reduce", "store", "}i"]
   assert lin.index(second_row) < lin.index(k)
   assert lin.count(load(2, k)) == 1      # the shared load is read once per k for both
@@ -159,7 +160,8 @@ def test_start_kernel_block_wraps_statements_in_the_loops_they_run_in():
   chain = {u: s.arg if s.op is Ops.BLOCK else () for s in top.src for u in (s.src if s.op is Ops.BLOCK else (s,))}
   update = UOp(Ops.ASSIGN, red.dtype, (red,))
   assert chain[x] == (i, k) and chain[red] == chain[st] == (i,) and chain[x.src[0].src[0]] == ()
-  assert chain[update] == (i, k) and top.src[-1].src[-1] is update   # the update is listed last
+  inner = next(s for s in top.src if s.op is Ops.BLOCK and x in s.src)
+  assert chain[update] == (i, k) and inner.src.index(update) == inner.src.index(x) + 1   # the update follows its value
 
 
 # ---- the contract on real kernels ----
@@ -196,14 +198,16 @@ def linear_matmul() -> UOp:
 
 
 def test_an_unrolled_tile_shares_one_reduction_loop():
-  # x @ W.T on a CPU: the heuristic's register tile (rules/opt) is several accumulators over one loop, updated last
+  # x @ W.T on a CPU: the heuristic's register tile (rules/opt) is several accumulators over one loop, each updated
+  # right after the product it adds
   linear = linear_matmul()
   accs = [u for u in linear.src if u.op is Ops.DEFINE_ACC]
   reduce_loops = {u.src[0].src[1] for u in accs}
   assert len(accs) >= 4 and len(reduce_loops) == 1
   k = reduce_loops.pop()
   body = linear.src[linear.src.index(k) + 1:linear.src.index(UOp(Ops.END, src=(k,)))]
-  assert [u.op for u in body[-len(accs):]] == [Ops.ASSIGN] * len(accs)
+  updates = [i for i, u in enumerate(body) if u.op is Ops.ASSIGN]
+  assert len(updates) == len(accs) and all(body[i - 1] is body[i].src[0].src[0] for i in updates)
 
 
 def test_rewrite_stats_name_each_linearize_rule_that_fires():

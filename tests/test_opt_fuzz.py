@@ -58,7 +58,11 @@ def random_plan(rng: random.Random, sizes: list[int], kinds: list[str]) -> Plan:
       if not divisors: continue
       opts.append(Opt(kind, axis, rng.choice(divisors)))
       left[axis] //= opts[-1].amount
-    elif kind in (OptKind.PARALLEL, OptKind.PACK) and kinds[axis] != "out": continue
+    elif kind in (OptKind.PARALLEL, OptKind.PACK, OptKind.PAD) and kinds[axis] != "out": continue
+    elif kind is OptKind.PAD:   # pads the whole loop: before any record splits it
+      if any(o.axis == axis and o.kind in (OptKind.SPLIT, OptKind.UPCAST, OptKind.VECTOR) for o in opts): continue
+      opts.append(Opt(kind, axis, rng.choice([3, 4, 5, 6])))
+      left[axis] = -(-left[axis] // opts[-1].amount) * opts[-1].amount
     else: opts.append(Opt(kind, axis))
   return Plan(tuple(opts))
 

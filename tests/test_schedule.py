@@ -105,3 +105,12 @@ def test_independent_kernels_of_one_shape_merge_and_their_reader_runs_after():
   assert len(program.kernels_called()) == 2
   assert any("fused into one kernel" in e for e in program.explanations)
   np.testing.assert_allclose(out.numpy(), (x.numpy() + 1) + y.numpy() * 2, rtol=1e-6)
+
+
+def test_attention_computes_its_scores_once():
+  # the max and the sum read the scores from a buffer, and so do the probabilities: q @ k.T runs in one kernel
+  q, k, v = (Tensor(rng.standard_normal((2, 16, 8)).astype(np.float32)) for _ in range(3))
+  out = (q @ k.transpose(-1, -2) / math.sqrt(8)).softmax(-1) @ v
+  q_buffer = next(n for n in q.uop.toposort if n.op is Ops.BUFFER)
+  kernels, _ = schedule([out.uop], [out.device], Run(out.device))
+  assert sum(q_buffer in kernel.toposort for kernel in kernels) == 1

@@ -1,9 +1,9 @@
 """Packing: an operand's tile is copied into a contiguous local buffer before the loop nest that reads it.
 
 Stage `opt_pack` (rule set `pack_rules`, ctx: `OptContext`), for each record `pack(a)` of the plan, `a` an output
-loop. In: a kernel after the loop stage, before the vector stage. Out: each load of a global buffer that does not depend on loop `a` but
+loop. In: a kernel after the loop stage, before the upcast and vector stages. Out: each load of a global buffer that does not depend on loop `a` but
 does on loops nested inside it (the B panel of a matrix product, for a = the rows of A) reads a local buffer
-instead. The buffer (`DEFINE_LOCAL`, one per load; its source is the loop it lives in, so each iteration of that
+instead. The buffer (`DEFINE_LOCAL`, one per load, its unrolled copies included; its source is the loop it lives in, so each iteration of that
 loop, and each thread, has its own) holds the load's values for every iteration of those inner loops, in their
 order, the vector lanes innermost, so the nest reads it front to back, one vector after another, however the global
 operand is strided (a packed panel of W in x @ W.T is W transposed).
@@ -28,9 +28,10 @@ def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
     a = ctx.current_loop(o.axis)
     if a is None or a in ld.toposort: continue
     loops = sorted((n for n in idx.toposort if n.op is Ops.RANGE), key=nesting_key)
-    # the buffer's layout: the inner loops in nesting order, the vector lanes last (rules/opt/vector.py then reads it
-    # with vector loads)
-    inner = sorted((q for q in loops if nesting_key(q) > nesting_key(a)), key=lambda q: (part_kind(q) == "vector", nesting_key(q)))
+    # the buffer's layout: the order the nest reads it in: the loops in nesting order, then the unrolled copies (a
+    # register tile's vectors of one step, side by side), then the vector lanes (rules/opt/vector.py reads them with
+    # vector loads). One stream: copies in buffers of their own would sit a power of two apart, in one cache set
+    inner = sorted((q for q in loops if nesting_key(q) > nesting_key(a)), key=lambda q: (part_kind(q) == "vector", part_kind(q) == "upcast", nesting_key(q)))
     outer = [q for q in loops if nesting_key(q) < nesting_key(a)]
     size = math.prod(q.src[0].arg for q in inner)
     # a load that varies only along the lanes is one vector: nothing to pack (and the read would sit beside the fill,

@@ -27,6 +27,7 @@ class OptKind(str, Enum):
   PARALLEL = "parallel"        # the (outer) loop's iterations run on threads (OpenMP)
   SIMD = "simd"                # the innermost loop of a reduction is vectorized by the C compiler (omp simd)
   PACK = "pack"                # loads that do not depend on the (output) loop are read from a packed local copy
+  PAD = "pad"                  # the (output) loop runs a multiple of `amount` trips, the extra ones redo its last
   def __repr__(self): return self.value
 
 
@@ -65,17 +66,22 @@ def kernel_axes(sink: UOp) -> list[UOp]:
 
 
 def check_plan(plan: Plan, axes: list[UOp]) -> None:
-  """Raise InvalidPlan unless every record names a loop whose remaining trip count its amount divides."""
+  """Raise InvalidPlan unless every record names a loop whose remaining trip count (padded first by its pad records)
+  its amount divides."""
   left = [r.src[0].arg for r in axes]
   if sum(o.kind is OptKind.VECTOR for o in plan.opts) > 1: raise InvalidPlan(f"{plan}: one vector record per kernel")
   for o in plan.opts:
     if not isinstance(o, Opt) or not 0 <= o.axis < len(axes):
       raise InvalidPlan(f"{o!r} names no loop of this kernel ({len(axes)} loops)")
+    if o.kind is OptKind.PAD:
+      if o.amount < 2: raise InvalidPlan(f"{o!r}: pads to a multiple of 2 or more trips")
+      left[o.axis] = math.ceil(left[o.axis] / o.amount) * o.amount
+  for o in plan.opts:
     if o.kind in SPLITTING:
       if o.amount < 2 or left[o.axis] % o.amount: raise InvalidPlan(f"{o!r}: {o.amount} does not divide the {left[o.axis]} trips left")
       left[o.axis] //= o.amount
     if o.kind is OptKind.VECTOR and o.amount not in VECTOR_WIDTHS: raise InvalidPlan(f"{o!r}: a vector has 2, 4, 8 or 16 lanes")
-    if o.kind in (OptKind.PARALLEL, OptKind.PACK) and axes[o.axis].arg[0] != "out": raise InvalidPlan(f"{o!r}: names a reduction loop")
+    if o.kind in (OptKind.PARALLEL, OptKind.PACK, OptKind.PAD) and axes[o.axis].arg[0] != "out": raise InvalidPlan(f"{o!r}: names a reduction loop")
 
 
 @dataclass
@@ -86,6 +92,7 @@ class OptContext:
   plan: Plan = field(default_factory=Plan)
   axis_of: dict[UOp, int] = field(default_factory=dict)     # the kernel's loops as the plan numbers them
   loop_axis: dict[UOp, int] = field(default_factory=dict)   # each loop that still is one -> the axis it came from
+  padded: dict[UOp, int] = field(default_factory=dict)      # loops the pad stage lengthened -> their axis
   lane: UOp | None = None                                   # the vector stage's lane loop
 
   locals_made: int = 0                                      # local buffers made so far (their names)
@@ -119,7 +126,7 @@ def choose_plan(ctx: OptContext, sink: UOp) -> None:
     plan = heuristic_plan(sink, axes)
   check_plan(plan, axes)
   ctx.plan, ctx.axis_of = plan, {r: i for i, r in enumerate(axes)}
-  ctx.loop_axis, ctx.lane, ctx.locals_made = dict(ctx.axis_of), None, 0
+  ctx.loop_axis, ctx.padded, ctx.lane, ctx.locals_made = dict(ctx.axis_of), {}, None, 0
 
 
 def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
