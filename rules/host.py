@@ -59,6 +59,12 @@ class Extern:
     p = dict(self.params)
     return {"float32": "s", "float16": "h"}[p["dtype"]] + self.family + ("_batched" if p["batch"] > 1 else "")
 
+  @property
+  def flops(self) -> int:
+    """Multiplies and adds: 2 x batch x m x n x k (for DEBUG=2's rate; the generated kernel's count may differ)."""
+    p = dict(self.params)
+    return 2 * p["batch"] * p["m"] * p["n"] * p["k"]
+
   def __str__(self) -> str:
     """`sgemm 64x48x40 (A, B^T)`: (batch x) m x n x k, each operand as BLAS reads it (^T: transposed), a broadcast
     operand (one matrix for the whole batch) and an output dtype other than the operands' named after."""

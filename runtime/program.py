@@ -184,7 +184,8 @@ class Program:
         fn(args, ext)
         if debug >= 2:
           get_device(ck.device).synchronize()
-          print(f"  extern {ext.name} via {fn.library:<27s} {(time.perf_counter() - t0) * 1e3:9.3f} ms  {ck.flops / (time.perf_counter() - t0) / 1e9:8.2f} GFLOP/s")
+          dt = time.perf_counter() - t0
+          print(f"  extern {ext.name} via {fn.library:<27s} {dt * 1e3:9.3f} ms  {ext.flops / dt / 1e9:8.2f} GFLOP/s")
       else: _run_kernel(ck, [args[i] for i in ck.args], debug)
 
   @staticmethod

@@ -409,3 +409,15 @@ def test_attention_on_a_gpu_runs_both_products_through_cublas(monkeypatch):
   e = np.exp(s - s.max(-1, keepdims=True))
   np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True) @ v, rtol=1e-4, atol=1e-5)
   assert str(last_program()).count("extern sgemm_batched") == 2
+
+
+@pytest.mark.skipif(extern.routine("CPU", "sgemm") is None, reason="scipy-openblas32 is not installed")
+def test_debug_2_times_a_library_call_at_the_rate_of_its_products(monkeypatch, capsys, on_cpu):
+  import re
+  monkeypatch.setenv("GRAFT_EXTERN", "1")
+  monkeypatch.setenv("DEBUG", "2")
+  rng = np.random.default_rng(3)
+  a, b = rng.standard_normal((4, 96, 40), dtype=np.float32), rng.standard_normal((4, 40, 72), dtype=np.float32)
+  np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  ms, rate = map(float, re.search(r"extern sgemm_batched via OpenBLAS.*?([\d.]+) ms +([\d.]+) GFLOP/s", capsys.readouterr().out).groups())
+  assert rate == pytest.approx(2 * 4 * 96 * 72 * 40 / (ms * 1e-3) / 1e9, rel=0.05, abs=0.02)  # 2 x batch x m x n x k
