@@ -102,7 +102,7 @@ def simplify_rules(E) -> list:
 
 def dispatch_rules(E) -> list:
   """50 rules over the ops of graph (a); five of them can match, the other 45 fail at various depths."""
-  U, P, O = E.UOp, E.UPat, E.ops
+  P, O = E.UPat, E.ops
   x, y = P(name="x"), P(name="y")
   # every function takes every name its pattern binds (tinygrad passes them all)
   matching = [
