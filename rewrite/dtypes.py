@@ -45,9 +45,12 @@ def _vec(base: DType, count: int) -> DType:
 def _ptr(base: DType, addrspace: str) -> PtrDType: return PtrDType(base, addrspace)
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PtrDType:
-  """A pointer to `base` elements in an address space ('global', 'local' or 'reg')."""
+  """A pointer to `base` elements in an address space ('global', 'local' or 'reg').
+
+  Each exists once, made by `_ptr` (`DType.ptr`, unpickling): compared by identity, hashed by id in C. A value
+  hash would be a Python call in every construction of a node of pointer type (its key hashes the dtype)."""
   base: DType
   addrspace: str = "global"
 
