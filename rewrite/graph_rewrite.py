@@ -401,7 +401,14 @@ def splice_sinks(node: UOp) -> UOp | None:
 
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
   """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
-  a replaced node are rebuilt over the replacement, nothing else changes."""
+  a replaced node are rebuilt over the replacement, nothing else changes. One pass over root's cached toposort
+  (sources first), the shared rule applied only where a source changed: a graph_rewrite would visit every node,
+  and unrolling a tile substitutes hundreds of times a kernel."""
   if not mapping: return root
   if root in mapping: return mapping[root]
-  return graph_rewrite(root, _substitute_rules, (mapping, set(mapping.values())), name=name)
+  new = dict(mapping)
+  ctx = (new, set(mapping.values()))
+  with rewrite_each(_substitute_rules, name, len(root.toposort)) as rewrite:
+    for n in root.toposort:
+      if n not in new and any(s in new for s in n.src) and (r := rewrite(n, ctx)) is not None: new[n] = r
+  return new.get(root, root)

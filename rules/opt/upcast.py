@@ -8,18 +8,12 @@ its n copies of the value in each step (the loop is unrolled; the order of the a
 """
 from __future__ import annotations
 import functools, itertools
-from rewrite import UOp, UPat, PatternMatcher, Ops, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, splice_sinks, substitute
 
 
 def at_values(u: UOp, values: dict[UOp, UOp]) -> UOp:
-  """u with some loops replaced by values (a constant index, say): a copy of u for those iterations. A walk of u's
-  cached toposort rather than a graph_rewrite: called for every lane and unrolled copy of a tile (hundreds of times a
-  kernel), the engine's visit of each node cost more than the substitution itself (sched_mlp lowering 1.4x)."""
-  if u in values: return values[u]
-  new = dict(values)
-  for n in u.toposort:  # sources before users: a node is rebuilt over its sources' copies once
-    if n not in new and any(s in new for s in n.src): new[n] = n.replace(src=tuple(new.get(s, s) for s in n.src))
-  return new.get(u, u)
+  """u with some loops replaced by values (a constant index, say): a copy of u for those iterations."""
+  return substitute(u, values, name="opt.loops_at_values")
 
 
 def part_kind(r: UOp) -> str | None:
