@@ -50,10 +50,9 @@ def load_plan(key: str) -> tuple[Opt, ...] | None:
 
 def save_plan(key: str, opts: tuple[Opt, ...]) -> None:
   if (path := _plan_path(key)) is None: return
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(f".tmp{os.getpid()}")
-  tmp.write_text(json.dumps({"opts": [(o.kind.value, o.axis, o.amount) for o in opts]}))
-  os.replace(tmp, path)
+  # like every cache entry: private 0700 folders, written whole or not at all (runtime/cache.py)
+  if cache._dir_problem(path.parent) is None:
+    cache._write_atomic(path, json.dumps({"opts": [(o.kind.value, o.axis, o.amount) for o in opts]}).encode())
 
 
 def given(plan: Plan):
