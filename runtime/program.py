@@ -101,6 +101,7 @@ class Program:
            for i, e in enumerate(self.table) if e[0] != "temp"]
     self.listing = "\n".join([head, "  buffers: " + ", ".join(ios)] + [f"  {ln}" for ln in lines])
     self.ran: list[str] = []  # what DEBUG=2 says about the last run's choices
+    self.devices = frozenset(ck.device for ck in self.kernels_called())  # to wait for after each run
     self.explanations: list[str] = []  # the pipeline's decisions (DEBUG=2)
 
   def kernels_called(self) -> list:
@@ -169,7 +170,7 @@ class Program:
       if choice[0] is None:
         choice[0], why = self._pick_option(options, handles)
         self.ran.append(f"{' or '.join(name for name, _ in options)}: {choice[0]} ({why})")
-      if debug >= 2 and self.ran: print("\n".join(f"  {r}" for r in self.ran)); self.ran.clear()
+      self._say_picks(debug)
       for ck, idx in dict(options)[choice[0]]: _run_kernel(ck, [handles[i] for i in idx], debug)
     else:
       _, ext, fn, ck, idx, choice = step
@@ -178,7 +179,7 @@ class Program:
         choice[0], why = self._pick(ext, fn, ck, args)
         self.ran.append(f"{ext.name} or {ck.name}: {choice[0]} ({why})")
       elif fn is None: choice[0] = "generated"
-      if debug >= 2 and self.ran: print("\n".join(f"  {r}" for r in self.ran)); self.ran.clear()
+      self._say_picks(debug)
       if choice[0] == "extern" and fn is not None:
         t0 = time.perf_counter()
         fn(args, ext)
@@ -188,39 +189,43 @@ class Program:
           print(f"  extern {ext.name} via {fn.library:<27s} {dt * 1e3:9.3f} ms  {ext.flops / dt / 1e9:8.2f} GFLOP/s")
       else: _run_kernel(ck, [args[i] for i in ck.args], debug)
 
+  def _say_picks(self, debug: int) -> None:
+    """DEBUG=2: which implementation each pick made on this run ran, and why."""
+    if debug >= 2 and self.ran: print("\n".join(f"  {r}" for r in self.ran)); self.ran.clear()
+
   @staticmethod
   def _pick(ext: Extern, fn, ck, args: list) -> tuple[str, str]:
     if fn is None: return "generated", "the library is not available here"
     dev = get_device(ck.device)
-    def run_extern() -> float:
-      t0 = time.perf_counter(); fn(args, ext); dev.synchronize()
-      return time.perf_counter() - t0
-    def run_generated() -> float:
-      t0 = time.perf_counter()
-      ck.program(*[args[i] for i in ck.args], global_size=ck.global_size, local_size=ck.local_size); dev.synchronize()
-      return time.perf_counter() - t0
     key = (ext.name, ck.name, repr(ext.params), ck.device, getattr(dev, "device_name", ck.device))
-    return pick.choose(key, {"extern": run_extern, "generated": run_generated})
-
+    return pick.choose(key, {"extern": _timed(dev, lambda: fn(args, ext)),
+                             "generated": _timed(dev, lambda: _launch(ck, [args[i] for i in ck.args]))})
 
   @staticmethod
   def _pick_option(options: list, handles: list) -> tuple[str, str]:
     """Time each option (its kernels in order, waited for) on the step's buffers; the fastest, remembered on disk."""
     dev = get_device(options[0][1][0][0].device)
-    def timed(calls) -> Callable[[], float]:
-      def run() -> float:
-        t0 = time.perf_counter()
-        for ck, idx in calls: ck.program(*[handles[i] for i in idx], global_size=ck.global_size, local_size=ck.local_size)
-        dev.synchronize()
-        return time.perf_counter() - t0
-      return run
+    def run_all(calls) -> None:
+      for ck, idx in calls: _launch(ck, [handles[i] for i in idx])
     key = ("variants", *(f"{name}: {' '.join(ck.name for ck, _ in calls)}" for name, calls in options),
            getattr(dev, "device_name", dev.name))
-    return pick.choose(key, {name: timed(calls) for name, calls in options})
+    return pick.choose(key, {name: _timed(dev, lambda calls=calls: run_all(calls)) for name, calls in options})
+
+
+def _timed(dev, run: Callable[[], None]) -> Callable[[], float]:
+  """A candidate for pick.choose: seconds of one run, waited for on the device."""
+  def timed() -> float:
+    t0 = time.perf_counter(); run(); dev.synchronize()
+    return time.perf_counter() - t0
+  return timed
+
+
+def _launch(ck, handles: list, wait: bool = False) -> float | None:
+  return ck.program(*handles, global_size=ck.global_size, local_size=ck.local_size, wait=wait)
 
 
 def _run_kernel(ck, handles: list, debug: int) -> None:
-  dt = ck.program(*handles, global_size=ck.global_size, local_size=ck.local_size, wait=debug >= 2) or 0.0
+  dt = _launch(ck, handles, wait=debug >= 2) or 0.0
   if debug >= 2:
     rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
     print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}  plan {ck.plan}")

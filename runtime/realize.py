@@ -271,7 +271,7 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
     print(program)
     for line in program.explanations: print(f"  {line}")
   results = program.run(dbg)
-  for dev in {ck.device for ck in program.kernels_called()}: get_device(dev).synchronize()
+  for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
   if dbg >= 1 and program.steps:
     print(f"realize: {len(program.kernels_called())} kernels, {len(program.steps)} steps, "
