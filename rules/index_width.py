@@ -15,6 +15,7 @@ elements (or loops past that many trips) pay for 64-bit arithmetic.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
+from .symbolic import drop_cast_to_own_type
 
 
 def fits_int32(u: UOp) -> bool: return dtypes.min(dtypes.int32) <= u.vmin and u.vmax <= dtypes.max(dtypes.int32)
@@ -38,9 +39,6 @@ def compare_in_the_wider_type(u: UOp, x: UOp, y: UOp) -> UOp | None:
   if x.dtype is y.dtype or not (x.dtype.is_int and y.dtype.is_int): return None
   wider = x.dtype if x.dtype.itemsize > y.dtype.itemsize else y.dtype
   return u.replace(src=(widen(x, wider), widen(y, wider)))
-
-
-def drop_cast_to_own_type(u: UOp, x: UOp) -> UOp | None: return x if u.dtype is x.dtype else None
 
 
 index_width_rules = PatternMatcher([

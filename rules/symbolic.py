@@ -109,6 +109,11 @@ def combine_terms(u: UOp) -> UOp | None:
   return None if out is u else out
 
 
+def drop_cast_to_own_type(u: UOp, x: UOp) -> UOp | None:
+  """A cast to the type its value already has is the value (index_width's int32/int64 typing makes these too)."""
+  return x if u.dtype is x.dtype else None
+
+
 symbolic_rules = PatternMatcher([
   # constant folding (integers and booleans)
   (UPat(GroupOp.ALU, name="u", src=UPat(Ops.CONST)), fold_constants),
@@ -122,7 +127,7 @@ symbolic_rules = PatternMatcher([
   (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, True), x, y)), lambda x, y: x, "where-true"),
   (UPat(Ops.WHERE, src=(UPat.const(dtypes.bool, False), x, y)), lambda x, y: y, "where-false"),
   (UPat(Ops.AND, src=[UPat.var("x", dtypes.bool), UPat.const(dtypes.bool, True)]), lambda x: x, "and-true"),
-  (UPat(Ops.CAST, name="u", src=(x,)), lambda u, x: x if u.dtype is x.dtype else None, "cast-to-same-dtype"),
+  (UPat(Ops.CAST, name="u", src=(x,)), drop_cast_to_own_type, "cast-to-same-dtype"),
   # bounds decide
   (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX}, name="u"), fold_by_bounds),
   # index arithmetic: linear sums, and // and % that the bounds allow to remove
