@@ -381,14 +381,14 @@ def rewrite_each(matcher: PatternMatcher, stage: str, nodes: int = 0) -> Iterato
 
 
 def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None:
+  """u (a source of which substitute replaced) over its sources' replacements."""
   mapping, replacements = ctx
   if u in replacements: return None  # a replacement may contain the node it replaces: it stays as it is
-  for s in u.src:
-    if s in mapping: return u.replace(src=tuple(mapping.get(x, x) for x in u.src))
-  return None
+  return u.replace(src=tuple(mapping.get(x, x) for x in u.src))
 
 
-# one matcher for every substitute() call: the mapping travels in the context, so nothing is compiled per call
+# one matcher for every substitute() call (the mapping travels in the context): it is applied only to a node one of
+# whose sources was replaced
 _substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_nodes)], name="substitute")
 
 

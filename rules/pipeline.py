@@ -153,7 +153,8 @@ pipeline = Pipeline([
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   # the opt stage's plan is chosen by a policy (choose_plan) before its rule records it on the kernel
-  *(Stage(name, rules, "kernel", opt_context, prepare=choose_plan if rules is plan_rules else None) for name, rules in OPT_STAGES),
+  Stage("opt", plan_rules, "kernel", opt_context, prepare=choose_plan),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),

@@ -22,7 +22,8 @@ from .vector import vector_rules
 from .pack import pack_rules
 from .loops import loop_rules
 
-OPT_STAGES = [("opt", plan_rules), ("opt_pad", pad_rules), ("opt_split", split_rules), ("opt_loops", loop_rules),
+# the stages that carry out a plan, in order (the "opt" stage before them records the plan: rules/pipeline.py)
+OPT_STAGES = [("opt_pad", pad_rules), ("opt_split", split_rules), ("opt_loops", loop_rules),
               ("opt_pack", pack_rules), ("opt_upcast", upcast_rules), ("opt_vector", vector_rules)]
 
 __all__ = ["Opt", "OptKind", "Plan", "OptContext", "InvalidPlan", "kernel_axes", "check_plan", "OPT_STAGES", "opt_context",

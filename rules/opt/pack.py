@@ -24,10 +24,10 @@ MAX_LOCAL_BYTES = 256 << 10   # a packed buffer lives on the stack of its thread
 
 def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
   if buf.op is not Ops.DEFINE_GLOBAL or len(ld.src) != 1: return None
+  loops = sorted((n for n in idx.toposort if n.op is Ops.RANGE), key=nesting_key)
   for o in ctx.opts_of_kind(OptKind.PACK):
     a = ctx.current_loop(o.axis)
     if a is None or a in ld.toposort: continue
-    loops = sorted((n for n in idx.toposort if n.op is Ops.RANGE), key=nesting_key)
     # the buffer's layout: the order the nest reads it in: the loops in nesting order, then the unrolled copies (a
     # register tile's vectors of one step, side by side), then the vector lanes (rules/opt/vector.py reads them with
     # vector loads). One stream: copies in buffers of their own would sit a power of two apart, in one cache set
