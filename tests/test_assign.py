@@ -155,8 +155,10 @@ def test_bad_indices_raise_like_getitem():
 def test_a_kernel_reading_the_target_where_it_writes_stores_in_place():
   t = Tensor(arr(8)).realize()
   target = t.uop.src[0]
+  before = t.numpy().copy()
   realize([((t * 3).uop, t.device)], targets=[(target, View.contiguous((8,)))])
   assert len(last_program().kernels_called()) == 1 and "alloc" not in str(last_program())
+  np.testing.assert_allclose(t.numpy(), before * 3, rtol=1e-6)   # written into the target's own buffer
 
 
 def test_a_kernel_reading_the_target_elsewhere_writes_aside_then_copies():

@@ -81,5 +81,5 @@ def test_random_plan_on_random_kernel(seed):
 
 def test_a_plan_that_does_not_fit_says_why():
   t = Tensor(np.ones((6, 6), np.float32)) + 1
-  with pytest.raises(Exception, match="4 does not divide the 6 trips"): run_with(t, Opt(OptKind.UPCAST, 1, 4))
-  with pytest.raises(Exception, match="names no loop"): run_with(t, Opt(OptKind.SPLIT, 5, 2))
+  with pytest.raises(InvalidPlan, match="4 does not divide the 6 trips"): run_with(t, Opt(OptKind.UPCAST, 1, 4))
+  with pytest.raises(InvalidPlan, match="names no loop"): run_with(t, Opt(OptKind.SPLIT, 5, 2))

@@ -50,6 +50,10 @@ def test_strided_lanes_gather_and_scatter():
 
 def test_ops_without_a_vector_form_run_lane_by_lane():
   t = (Tensor(a) * 2).maximum(0.0).exp()
+  linear, _ = lowered(t, V(1))
+  # the product is one 8-lane vector op; exp has no vector form: each lane taken out (GEP), exp'd alone, put back
+  assert any(u.op is Ops.MUL and u.dtype.count == 8 for u in linear.src)
+  assert sum(u.op is Ops.EXP2 and u.dtype.count == 1 for u in linear.src) == 8 == sum(u.op is Ops.GEP for u in linear.src)
   assert_allclose(run_with(t, V(1)), np.exp(np.maximum(a * 2, 0)), rtol=1e-5)
 
 

@@ -90,6 +90,7 @@ def test_on_a_gpu_a_long_reduction_runs_either_way_and_the_pick_says_which(fresh
     np.testing.assert_allclose(t.sum().numpy(), x.sum(dtype=np.float64), rtol=1e-4)
     np.testing.assert_allclose(t.sum(0).numpy(), x.sum(0), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(t.max().numpy(), x.max())
+    assert ("split_reduce" in str(last_program()) or str(last_program()).count("call   ") == 2) == (mode == "1")
   monkeypatch.delenv("GRAFT_SPLIT_REDUCE")
   monkeypatch.setenv("DEBUG", "2")
   np.testing.assert_allclose(t.sum().numpy(), x.sum(dtype=np.float64), rtol=1e-4)

@@ -38,10 +38,13 @@ def test_many_threads_compile_and_run_different_kernels_at_once(cache_env):
 
 def test_last_program_is_per_thread():
   seen = {}
+  all_realized = threading.Barrier(4)   # every thread has realized before any reads: a global would be the last one's
   def run(i):
     (Tensor(np.ones((3, i + 2), np.float32)) * 2).realize()
+    all_realized.wait()
     seen[i] = last_program()
   threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
   for t in threads: t.start()
   for t in threads: t.join()
   assert len({id(p) for p in seen.values()}) == 4
+  assert all(f"float32[{3 * (i + 2)}]" in str(p) for i, p in seen.items())   # each thread's own program
