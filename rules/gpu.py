@@ -397,14 +397,15 @@ class Spread:
   unrolled: bool
   guard: UOp | None
 
+  def trips(self, u: UOp) -> list[UOp]:
+    """u once per trip when unrolled, with the trip index made a constant; else u once."""
+    if self.trip is None or not self.unrolled: return [u]
+    return [substitute(u, {self.trip: UOp.const(dtypes.index, c)}, "gpu.unroll") for c in range(self.trip.src[0].arg)]
+
   def copies(self, u: UOp) -> list[tuple[UOp, UOp | None]]:
-    """(u, guard) per trip when unrolled, with the trip index made a constant; else u and its guard once."""
-    if self.trip is None or not self.unrolled: return [(u, self.guard)]
-    out = []
-    for c in range(self.trip.src[0].arg):
-      at = {self.trip: UOp.const(dtypes.index, c)}
-      out.append((substitute(u, at, "gpu.unroll"), None if self.guard is None else substitute(self.guard, at, "gpu.unroll")))
-    return out
+    """(u, its guard) per trip (see trips)."""
+    us = self.trips(u)
+    return list(zip(us, [None] * len(us) if self.guard is None else self.trips(self.guard)))
 
 
 @dataclass
@@ -511,7 +512,7 @@ def unroll_stores(ctx: GridContext, sink: UOp) -> UOp | None:
   stores = list(sink.src)
   for s in (ctx.rows, ctx.columns):
     if s is None or s.trip is None or not s.unrolled or not any(s.trip in st.toposort for st in stores): continue
-    stores = [c for st in stores for c, _ in s.copies(st)]
+    stores = [c for st in stores for c in s.trips(st)]   # a store's gate is in the store already
   return None if stores == list(sink.src) else sink.replace(src=tuple(stores))
 
 
