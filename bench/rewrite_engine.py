@@ -11,6 +11,12 @@ Rows:
       one graph_rewrite per expression, with the small rule set defined below.
   (c) build: 1,000,000 new UOps (half constants, half additions of two of them), and dropping them: each engine
       pays for taking its dead nodes out of its table.
+  Floors (Graft's nodes and Python's machinery, no engine): the least any engine of this design can cost on rows
+  (a) and (c), measured in the same run, so that a target above a floor's ratio is known to be out of reach of
+  Python code (docs/design.md, "The rewrite engine"):
+  (a) floor: per node, its op, one table lookup and one call of a function that only reads its sources' ops;
+  (c) floor: a weakly hash-consed node at its cheapest: the key tuple, one lookup, a slotted object, its weak
+      reference and one insert; nothing taken out of the table when it dies (no __del__ at all).
 
 Both engines get the same graphs (each built with that engine's own UOp from one seeded description) and the same
 rules (written once below against a small adapter that names each engine's UOp, UPat and ops). Every figure is
@@ -19,7 +25,7 @@ count), the engines taking turns; the ratio is Graft's rate over tinygrad's. Gra
 cyclic garbage collector while it runs (see rewrite/graph_rewrite.py); tinygrad's does not.
 """
 from __future__ import annotations
-import argparse, gc, os, platform, random, statistics, sys, time
+import argparse, gc, os, platform, random, statistics, sys, time, weakref
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -242,9 +248,24 @@ def _dispatch(engines: list, sizes: SimpleNamespace, repeats: int, res: list[dic
       for n in nodes: rewrite(n)
   raws = [lambda ns=ns, pm=pm: raw(ns, pm.rewrite) for ns, pm in zip(nodes, pms)]
   grs = [lambda E=E, root=root, pm=pm: E.graph_rewrite(root, pm) for E, root, pm in zip(engines, roots, pms)]
-  for f in raws + grs: f()  # warm up: compile on first use, caches
-  for r, ns, t_raw, t_gr in zip(res, nodes, timed_alternately(raws, repeats), timed_alternately(grs, repeats)):
+  floor = lambda: dispatch_floor(nodes[0], sizes.passes)
+  for f in raws + grs + [floor]: f()  # warm up: compile on first use, caches
+  t_raws = timed_alternately(raws + [floor], repeats)
+  for r, ns, t_raw, t_gr in zip(res, nodes, t_raws, timed_alternately(grs, repeats)):
     r["raw"], r["gr"], r["dag_nodes"] = sizes.passes * len(ns) / t_raw, len(ns) / t_gr, len(ns)
+  res[0]["raw_floor"] = sizes.passes * len(nodes[0]) / t_raws[-1]
+
+
+def _read_source_ops(u):
+  for s in u.src: s.op
+
+
+def dispatch_floor(nodes: list, passes: int):
+  """Row (a)'s floor: what every matcher does at least per node (its op, one lookup, one call, its sources' ops)."""
+  get = dict.fromkeys({n.op for n in nodes}, _read_source_ops).get
+  for _ in range(passes):
+    for n in nodes:
+      if (f := get(n.op)) is not None: f(n)
 
 
 def _rewrite(engines: list, sizes: SimpleNamespace, repeats: int, res: list[dict]):
@@ -275,7 +296,27 @@ def _build(engines: list, sizes: SimpleNamespace, repeats: int, res: list[dict])
       keep.append(U(O.ADD, dt, (c, prev)))
       prev = c
     return keep
-  for r, t in zip(res, timed_alternately([lambda E=E: build(E) for E in engines], repeats)): r["build"] = 2 * half / t
+  floor = SimpleNamespace(UOp=_FloorNode.make, ops=engines[0].ops, int=engines[0].int)
+  times = timed_alternately([lambda E=E: build(E) for E in engines] + [lambda: build(floor)], repeats)
+  for r, t in zip(res, times): r["build"] = 2 * half / t
+  res[0]["build_floor"] = 2 * half / times[-1]
+  _FloorNode.table.clear()
+
+
+class _FloorNode:
+  """Row (c)'s floor: a weakly hash-consed node at its cheapest. It never leaves its table (no __del__), which a real
+  engine must do: the floor is below any engine of this design."""
+  __slots__ = ("op", "dtype", "src", "arg", "key", "__weakref__")
+  table: dict = {}
+
+  @staticmethod
+  def make(op, dtype, src=(), arg=None):
+    key = (op, dtype, src, arg)
+    if (ref := _FloorNode.table.get(key)) is not None and (u := ref()) is not None: return u
+    u = _FloorNode()
+    u.op, u.dtype, u.src, u.arg, u.key = op, dtype, src, arg, key
+    _FloorNode.table[key] = weakref.ref(u)
+    return u
 
 
 def main(argv=None):
@@ -302,13 +343,15 @@ def main(argv=None):
     (f"(b) rewrite, {sizes.exprs:,} expressions of depth 8 ({g.get('rewrites', 0):,} rewrites)", "rewrites/s", "rw/s"),
     ("(b) rewrite", "expressions/s", "expr/s"),
     (f"(c) build {sizes.build:,} UOps", "UOps/s", "build"),
+    ("(a) floor: op, lookup, call, sources' ops (no engine)", "nodes/s", "raw_floor"),
+    ("(c) floor: cheapest weakly hash-consed node (no engine)", "UOps/s", "build_floor"),
   ]
   rows = [r for r in rows if r[2] in g]
   headers = ["measure", "unit", "graft"] + ([engines[1].name, "graft / tinygrad"] if t else [])
   table = []
   for label, unit, key in rows:
     row = [label, unit, f"{g[key]:,.0f}"]
-    if t: row += [f"{t[key]:,.0f}", f"{g[key] / t[key]:.2f}x"]
+    if t: row += [f"{t[key.removesuffix('_floor')]:,.0f}", f"{g[key] / t[key.removesuffix('_floor')]:.2f}x"]
     table.append(row)
   print(tabulate(table, headers=headers, tablefmt="github"))
   notes = [f"Python {platform.python_version()}, medians of {repeats} repeats"]
