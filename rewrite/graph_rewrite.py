@@ -399,16 +399,36 @@ def splice_sinks(node: UOp) -> UOp | None:
   return node.replace(src=tuple(x for s in node.src for x in (s.src if s.op is Ops.SINK else (s,))))
 
 
-def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
+def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute", opaque=None) -> UOp:
   """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
   a replaced node are rebuilt over the replacement, nothing else changes. One pass over root's cached toposort
   (sources first), the shared rule applied only where a source changed: a graph_rewrite would visit every node,
-  and unrolling a tile substitutes hundreds of times a kernel."""
+  and unrolling a tile substitutes hundreds of times a kernel.
+
+  `opaque(node) -> bool` (optional) names nodes the caller knows to contain no key of `mapping`: the pass does not
+  enter them, so it costs the part of root that may change, not all of root (a lane of a vector tile: the
+  accumulators under it are vectors, which hold no lane)."""
   if not mapping: return root
   if root in mapping: return mapping[root]
   new = dict(mapping)
   ctx = (new, set(mapping.values()))
-  with rewrite_each(_substitute_rules, name, len(root.toposort)) as rewrite:
-    for n in root.toposort:
+  order = root.toposort if opaque is None else _sources_first_outside(root, mapping, opaque)
+  with rewrite_each(_substitute_rules, name, len(order)) as rewrite:
+    for n in order:
       if n not in new and any(s in new for s in n.src) and (r := rewrite(n, ctx)) is not None: new[n] = r
   return new.get(root, root)
+
+
+def _sources_first_outside(root: UOp, stop: dict, opaque) -> list[UOp]:
+  """root's nodes, sources before users, without entering a node of `stop` or an opaque one (neither is listed)."""
+  order: list[UOp] = []
+  seen: set[UOp] = set()
+  stack = [(root, False)]
+  while stack:
+    node, expanded = stack.pop()
+    if expanded: order.append(node); continue
+    if node in seen or node in stop or opaque(node): continue
+    seen.add(node)
+    stack.append((node, True))
+    stack.extend((s, False) for s in reversed(node.src))
+  return order

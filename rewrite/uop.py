@@ -172,11 +172,22 @@ class UOp(_UOpFields):
   def _bounds_of(self) -> tuple:
     try: return _UOpFields._bounds.__get__(self)
     except AttributeError: pass
-    # fill the cache sources-first, so that no bound is computed recursively
-    for node in self.toposort:
-      try: _UOpFields._bounds.__get__(node)
-      except AttributeError: _UOpFields._bounds.__set__(node, _bounds(node))
-    return _UOpFields._bounds.__get__(self)
+    # fill the cache sources-first, so that no bound is computed recursively, and stop at nodes whose bounds are
+    # known: a node built over bounded ones (a rewrite's new index) costs its own bound, not a walk of its graph
+    get, put = _UOpFields._bounds.__get__, _UOpFields._bounds.__set__
+    stack = [self]
+    while stack:
+      node = stack[-1]
+      try: get(node); stack.pop(); continue
+      except AttributeError: pass
+      missing = []
+      for s in node.src:
+        try: get(s)
+        except AttributeError: missing.append(s)
+      if missing: stack.extend(missing); continue
+      put(node, _bounds(node))
+      stack.pop()
+    return get(self)
 
   @property
   def is_const(self) -> bool: return self.op is Ops.CONST

@@ -1,4 +1,5 @@
 """graph_rewrite: a matcher applied everywhere to a fixed point, in a chosen order, once per node, never forever."""
+import functools
 import pytest
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, graph_rewrite, RewriteLoopError, RuleError
 
@@ -236,3 +237,15 @@ def test_substitute_replaces_nodes_and_rebuilds_their_users():
     substitute(e, {b: a}, name="swap_a_for_b")
   assert {(r.stage, r.name) for r in s.rules.values()} == {("swap_a_for_b", "rebuild_users_of_replaced_nodes")}
   assert s.stages["swap_a_for_b"].calls == 2
+
+
+def test_substitute_does_not_enter_what_the_caller_calls_opaque():
+  from rewrite import substitute, stats
+  a, b, c = UOp.variable("a", 0, 9), UOp.variable("b", 0, 9), UOp.variable("c", 0, 9)
+  big = functools.reduce(lambda x, k: x * 3 + k, range(50), b)  # holds no `a`: the caller knows it
+  e = (a + 1) * big
+  with stats.collect() as s:
+    whole = substitute(e, {a: c}, name="whole")
+    pruned = substitute(e, {a: c}, name="pruned", opaque=lambda n: n is big)
+  assert pruned is whole is (c + 1) * big
+  assert s.stages["pruned"].nodes_in == 3 and s.stages["whole"].nodes_in > 100   # 1, a + 1 and the product

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
 from rules.symbolic import terms_of
+from rewrite import substitute
 from .upcast import parts_in, at_values
 
 VECTOR_TYPES = (dtypes.float32, dtypes.float64, dtypes.int32)   # what the C renderer declares vector types of
@@ -27,18 +28,24 @@ def lane_loop(u: UOp) -> UOp | None:
   return lanes[0] if lanes else None
 
 
+def is_vector(u: UOp) -> bool: return u.dtype.count > 1
+
+
 def at_lane(u: UOp, lane: UOp, c: int) -> UOp:
-  """u's value in lane c: a lane of a vector, or u with the lane loop at c."""
+  """u's value in lane c: a lane of a vector, or u with the lane loop at c (u itself when it does not depend on it).
+  The copy does not enter vector values: this stage builds every vector from values at fixed lanes (all_lanes, a
+  load from lane 0's address), so no vector depends on the lane loop, and a store's lane copies need not walk the
+  vector accumulators (and all their loads) under it."""
   if u.dtype.count > 1: return UOp(Ops.GEP, u.dtype.scalar, (u, UOp.const(dtypes.index, c)))
-  return at_values(u, {lane: UOp.const(lane.dtype, c)}) if lane in u.toposort else u
+  return substitute(u, {lane: UOp.const(lane.dtype, c)}, name="opt.loops_at_values", opaque=is_vector)
 
 
 def all_lanes(u: UOp, lane: UOp) -> UOp:
   """u as a vector: itself, a broadcast of a lane-independent value, or one copy per lane."""
   if u.dtype.count > 1: return u
   n = lane.src[0].arg
-  if lane not in u.toposort: return UOp(Ops.VECTORIZE, u.dtype.vec(n), (u,))
-  return UOp(Ops.VECTORIZE, u.dtype.vec(n), tuple(at_lane(u, lane, c) for c in range(n)))
+  if (first := at_lane(u, lane, 0)) is u: return UOp(Ops.VECTORIZE, u.dtype.vec(n), (u,))
+  return UOp(Ops.VECTORIZE, u.dtype.vec(n), (first, *(at_lane(u, lane, c) for c in range(1, n))))
 
 
 def contiguous_base(idx: UOp, lane: UOp) -> UOp | None:
