@@ -190,7 +190,8 @@ def _holds_a_loop(program: tuple[UOp, ...], i: int) -> bool:
 def _outline(fn: str, index: str, body: list[str], outer_vars: dict[str, str], params: list[str], helpers: list[str]) -> str:
   """Move a parallel loop's body into a function of its own; return the call that replaces it. `index` declares the
   loop's counter ("int ridx0")."""
-  used = [v for v in outer_vars if re.search(rf"\b{v}\b", "\n".join(body))]
+  words = set(re.findall(r"\w+", "\n".join(body)))   # one scan of the body, not one per variable
+  used = [v for v in outer_vars if v in words]
   args = [p.rsplit(" ", 1)[1] for p in params]
   helpers.append("\n".join([f"static __attribute__((noinline)) void {fn}({', '.join([index] + params + [f'{outer_vars[v]} {v}' for v in used])}) {{",
                             *(line[4:] for line in body), "}", ""]))

@@ -31,6 +31,18 @@ def lane_loop(u: UOp) -> UOp | None:
 def is_vector(u: UOp) -> bool: return u.dtype.count > 1
 
 
+def uses_lane(u: UOp, lane: UOp) -> bool:
+  """Whether u depends on the lane loop. The search does not enter vectors (see at_lane): a store's lanes are
+  decided without reading the tile of accumulators under it."""
+  seen, stack = set(), [u]
+  while stack:
+    if (n := stack.pop()) is lane: return True
+    if n in seen or n.dtype.count > 1: continue
+    seen.add(n)
+    stack.extend(n.src)
+  return False
+
+
 def at_lane(u: UOp, lane: UOp, c: int) -> UOp:
   """u's value in lane c: a lane of a vector, or u with the lane loop at c (u itself when it does not depend on it).
   The copy does not enter vector values: this stage builds every vector from values at fixed lanes (all_lanes, a
@@ -51,7 +63,7 @@ def all_lanes(u: UOp, lane: UOp) -> UOp:
 def contiguous_base(idx: UOp, lane: UOp) -> UOp | None:
   """idx at lane 0 when idx moves by exactly one element per lane (and the lane appears nowhere else)."""
   terms = terms_of(idx)
-  if sum(k for t, k in terms if t is lane) != 1 or any(t is not lane and t is not None and lane in t.toposort for t, _ in terms): return None
+  if sum(k for t, k in terms if t is lane) != 1 or any(t is not lane and t is not None and uses_lane(t, lane) for t, _ in terms): return None
   return at_values(idx, {lane: UOp.const(lane.dtype, 0)})
 
 
@@ -64,14 +76,14 @@ def vector_load(ctx, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
   """A load of contiguous lanes is one vector load. A masked one (padding) keeps one validity per lane, or one for all
   lanes when the mask does not depend on the lane: `LOAD(index of lane 0, *valid)`; the renderer loads the vector
   at once when every lane is valid and lane by lane otherwise."""
-  if ld.dtype not in VECTOR_TYPES or ctx.lane not in idx.toposort or (base := contiguous_base(idx, ctx.lane)) is None: return None
+  if ld.dtype not in VECTOR_TYPES or not uses_lane(idx, ctx.lane) or (base := contiguous_base(idx, ctx.lane)) is None: return None
   valid = ld.src[1:]
-  if valid and ctx.lane in valid[0].toposort: valid = tuple(at_lane(valid[0], ctx.lane, c) for c in range(ctx.lane.src[0].arg))
+  if valid and uses_lane(valid[0], ctx.lane): valid = tuple(at_lane(valid[0], ctx.lane, c) for c in range(ctx.lane.src[0].arg))
   return UOp(Ops.LOAD, ld.dtype.vec(ctx.lane.src[0].arg), (ld.src[0].replace(src=(buf, base)), *valid))
 
 
 def gather_load(ctx, ld: UOp) -> UOp | None:
-  if ld.dtype not in VECTOR_TYPES or ctx.lane is None or ctx.lane not in ld.toposort: return None
+  if ld.dtype not in VECTOR_TYPES or ctx.lane is None or not uses_lane(ld, ctx.lane): return None
   return all_lanes(ld, ctx.lane)
 
 
@@ -90,7 +102,7 @@ def vector_reduce(ctx, red: UOp) -> UOp | None:
   """A float sum of lane-dependent values accumulates a vector; other reductions stay scalars of the lane."""
   lane, value = ctx.lane, red.src[0]
   if lane is None or red.dtype.count > 1 or lane in red.src[1:] or red.arg is not Ops.ADD or red.dtype not in VECTOR_TYPES[:2]: return None
-  if value.dtype.count == 1 and lane not in value.toposort: return None
+  if value.dtype.count == 1 and not uses_lane(value, lane): return None
   vec = all_lanes(value, lane)
   return UOp(Ops.REDUCE, vec.dtype, (vec, *red.src[1:]), red.arg)
 
@@ -116,14 +128,14 @@ def reduce_lane_by_lane(ctx, red: UOp) -> UOp | None:
 
 
 def vector_store(ctx, st: UOp, buf: UOp, idx: UOp, val: UOp) -> UOp | None:
-  if (lane := ctx.lane) is None or lane not in st.toposort and val.dtype.count == 1: return None
+  if (lane := ctx.lane) is None or val.dtype.count == 1 and not uses_lane(st, lane): return None
   if val.dtype.scalar in VECTOR_TYPES and (base := contiguous_base(idx, lane)) is not None:
     return st.replace(src=(st.src[0].replace(src=(buf, base)), all_lanes(val, lane)))
   return None
 
 
 def store_lane_by_lane(ctx, st: UOp) -> UOp | None:
-  if (lane := ctx.lane) is None or lane not in st.toposort: return None
+  if (lane := ctx.lane) is None or not uses_lane(st, lane): return None
   return UOp(Ops.SINK, st.dtype, tuple(UOp(Ops.STORE, st.dtype, tuple(at_lane(s, lane, c) for s in st.src))
                                        for c in range(lane.src[0].arg)))
 
