@@ -415,7 +415,11 @@ def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute", opa
   order = root.toposort if opaque is None else _sources_first_outside(root, mapping, opaque)
   with rewrite_each(_substitute_rules, name, len(order)) as rewrite:
     for n in order:
-      if n not in new and any(s in new for s in n.src) and (r := rewrite(n, ctx)) is not None: new[n] = r
+      if n in new: continue
+      for s in n.src:  # a loop, not any(...): this runs for every node of every tile copy
+        if s in new:
+          if (r := rewrite(n, ctx)) is not None: new[n] = r
+          break
   return new.get(root, root)
 
 

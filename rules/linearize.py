@@ -21,9 +21,12 @@ def open_ranges(sink: UOp) -> dict[UOp, frozenset[UOp]]:
   """For each node, the loops it lies inside: the RANGEs it depends on, less those its REDUCEs closed (and the BARRIERs
   that say a packed buffer is filled, rules/opt/pack.py: `BARRIER(buffer, fill store, *fill loops)`)."""
   out: dict[UOp, frozenset[UOp]] = {}
+  none: frozenset[UOp] = frozenset()
   for n in sink.toposort:
     if n.op is Ops.RANGE: out[n] = frozenset({n}); continue
-    rs = frozenset().union(*(out[s] for s in n.src)) if n.src else frozenset()
+    rs = out[n.src[0]] if n.src else none
+    for s in n.src[1:]:  # most nodes lie in the loops of a source: share its set instead of building an equal one
+      if (more := out[s]) is not rs and not more <= rs: rs = rs | more
     if n.op is Ops.REDUCE or n.op is Ops.BARRIER: rs = rs - set(n.src[1:])
     out[n] = rs
   return out
@@ -82,6 +85,9 @@ def closed_loops(n: UOp) -> tuple[UOp, ...]:
   return ()
 
 
+_CLOSERS = frozenset({Ops.REDUCE, Ops.BARRIER})   # the ops closed_loops knows: a cheap test first, blocks hold hundreds of statements
+
+
 _NOT_STATEMENTS = (Ops.CONST, Ops.RANGE, Ops.SINK)   # constants are inline, loops open with their blocks
 
 
@@ -128,10 +134,10 @@ def open_reduction_loop(block: UOp) -> UOp | None:
 filled in one loop share it)."""
   depth = len(block.arg)
   waiting = {s.arg[depth] for s in block.src if s.op is Ops.BLOCK}
-  first = next((s for s in block.src if (ls := closed_loops(s)) and ls[0] in waiting), None)
+  first = next((s for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s)) and ls[0] in waiting), None)
   if first is None: return None
   loop = closed_loops(first)[0]
-  group = [s for s in block.src if (ls := closed_loops(s)) and ls[0] is loop]
+  group = [s for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s)) and ls[0] is loop]
   closed, rest = _gather(block.src, block.arg, loop)
   at = rest.index(first)
   hoisted: dict[UOp, None] = {}
@@ -147,7 +153,7 @@ def nest_loops_after_statements(block: UOp) -> UOp | None:
   """Every other loop (an output loop, or the inner loop of a reduction over several) is gathered after the block's
   statements, outermost first: its statements need those, and nothing here reads a value from inside it."""
   depth = len(block.arg)
-  anchored = {closed_loops(s)[0] for s in block.src if closed_loops(s)}
+  anchored = {ls[0] for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s))}
   loops = {s.arg[depth]: None for s in block.src if s.op is Ops.BLOCK and s.arg[depth] not in anchored}
   if not loops: return None
   rest: tuple[UOp, ...] | list[UOp] = block.src
