@@ -8,6 +8,7 @@ In Python: `with rewrite.stats.collect() as s: ...; print(s.table("stage"))`; `s
 from __future__ import annotations
 import atexit, contextlib, csv, io, json, os
 from dataclasses import dataclass, field, asdict
+from .env import env_number
 
 
 @dataclass
@@ -107,9 +108,7 @@ def short_path(loc: str) -> str:
   return f"{rel if not rel.startswith('..' + os.sep + '..') else path}:{line}"
 
 
-def _env_level() -> int:
-  try: return int(os.environ.get("REWRITE_STATS", "0") or 0)
-  except ValueError: return 0
+def _env_level() -> int: return env_number("REWRITE_STATS", 0, "a statistics level (1: stages, 2: and rules)")
 
 
 # The collectors that are active now; graph_rewrite reads `active` once per call.

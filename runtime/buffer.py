@@ -20,7 +20,7 @@ def _np_dtype(dtype: DType) -> np.dtype:
 MAX_BYTES = 2**63 - 1  # sizes and byte offsets are signed 64-bit integers (C's ptrdiff_t, the kernels' int64)
 
 
-def _human(nbytes: int) -> str:
+def human_bytes(nbytes: int) -> str:
   """1536 -> '1.5 KiB'."""
   i = min(max(nbytes.bit_length() - 1, 0) // 10, 6)
   return f"{nbytes} B" if i == 0 else f"{nbytes / (1 << 10 * i):.1f} {('KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB')[i - 1]}"
@@ -30,11 +30,11 @@ def check_allocatable(device: str, shape: tuple[int, ...], dtype: DType) -> int:
   """The bytes of a buffer of `shape` and `dtype` on `device`, checked before anything is compiled for it:
   ValueError when they do not fit in 64 bits, MemoryError when the device does not have that much memory at all."""
   nbytes = math.prod(shape) * dtype.itemsize
-  what = f"a buffer of shape {tuple(shape)} and dtype {dtype.name} ({_human(nbytes)}, {nbytes} bytes)"
+  what = f"a buffer of shape {tuple(shape)} and dtype {dtype.name} ({human_bytes(nbytes)}, {nbytes} bytes)"
   if nbytes > MAX_BYTES: raise ValueError(f"{what}: its size does not fit in 64 bits")
   total = get_device(device).memory_bytes
   if total is not None and nbytes > total:
-    raise MemoryError(f"cannot allocate {what} on {device}: the device has {_human(total)} of memory in all")
+    raise MemoryError(f"cannot allocate {what} on {device}: the device has {human_bytes(total)} of memory in all")
   return nbytes
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import cffi
 
+from rewrite.env import env_number
 from runtime import cache
 from runtime.device import Allocator, CompileError, Device, host_memory_bytes, parameter_types, run_compiler
 
@@ -108,12 +109,7 @@ MAX_LIBRARIES = 256  # loaded kernel libraries kept mapped at once, unless GRAFT
 
 def max_libraries() -> int:
   """The cap on loaded kernel libraries: $GRAFT_MAX_LIBRARIES, else MAX_LIBRARIES."""
-  value = os.environ.get("GRAFT_MAX_LIBRARIES", "")
-  if not value: return MAX_LIBRARIES
-  if not value.isdigit() or int(value) < 1:
-    raise ValueError(f"GRAFT_MAX_LIBRARIES={value!r}: set it to a positive number of kernel libraries to keep loaded "
-                     f"(default {MAX_LIBRARIES})")
-  return int(value)
+  return env_number("GRAFT_MAX_LIBRARIES", MAX_LIBRARIES, "the number of kernel libraries to keep loaded", minimum=1)
 
 
 class Library:

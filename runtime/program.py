@@ -15,15 +15,9 @@ import numpy as np
 from rewrite import UOp, Ops
 from rules.host import Extern, nbytes
 from rules.realize import NewBuffer
-from .buffer import Buffer
+from .buffer import Buffer, human_bytes
 from .device import get_device
 from . import extern, pick
-
-
-def _size(n: int) -> str:
-  for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-    if n >= scale: return f"{n / scale:.1f} {unit}"
-  return f"{n} B"
 
 
 class Program:
@@ -57,7 +51,7 @@ class Program:
         new = s not in storages
         if new: storages[s] = len(storages); held += s.nbytes; peak = max(peak, held)
         self.steps.append(("alloc", idx[0], storages[s], s.device, s.nbytes))
-        lines.append(f"alloc  {names[idx[0]]} {b.dtype.name}[{b.arg.size}] {_size(nbytes(b))} in storage s{storages[s]}"
+        lines.append(f"alloc  {names[idx[0]]} {b.dtype.name}[{b.arg.size}] {human_bytes(nbytes(b))} in storage s{storages[s]}"
                      + ("" if new else " (reused)"))
       elif step.op is Ops.FREE:
         s = step.arg
@@ -67,7 +61,7 @@ class Program:
       elif step.op is Ops.COPY:
         dst, src = step.src
         self.steps.append(("copy", idx[0], idx[1], nbytes(src), dst.arg.device, src.arg.device))
-        lines.append(f"copy   {src.arg.device} -> {dst.arg.device}  {names[idx[0]]} <- {names[idx[1]]}  {_size(nbytes(src))}")
+        lines.append(f"copy   {src.arg.device} -> {dst.arg.device}  {names[idx[0]]} <- {names[idx[1]]}  {human_bytes(nbytes(src))}")
       elif step.op is Ops.CALL:
         ck = kernels[step.arg]
         self.steps.append(("call", ck, [idx[i] for i in ck.args]))
@@ -96,7 +90,7 @@ class Program:
     self.outputs = [(dt, view, index[b]) for dt, view, b in outputs]
     self.names, self.peak_bytes, self.unplanned_bytes = names, peak, unplanned
     calls = sum(s[0] in ("call", "extern", "pick") for s in self.steps)
-    head = f"host program: {len(self.steps)} steps, {calls} calls; intermediates peak {_size(peak)} (unplanned {_size(unplanned)})"
+    head = f"host program: {len(self.steps)} steps, {calls} calls; intermediates peak {human_bytes(peak)} (unplanned {human_bytes(unplanned)})"
     ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {self._existing(e)}"
            for i, e in enumerate(self.table) if e[0] != "temp"]
     self.listing = "\n".join([head, "  buffers: " + ", ".join(ios)] + [f"  {ln}" for ln in lines])

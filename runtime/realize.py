@@ -13,9 +13,10 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import contextlib, hashlib, os, threading, time, weakref
+import contextlib, hashlib, threading, time, weakref
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute
+from rewrite.env import env_number
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer
 from rules.host import HostContext
@@ -29,8 +30,7 @@ from .search import lower_planned
 
 
 def debug_level() -> int:
-  try: return int(os.environ.get("DEBUG", "0") or 0)
-  except ValueError: return 0
+  return env_number("DEBUG", 0, "a debug level (1: realizes, 2: kernels, 3: and their source)")
 
 
 @dataclass(eq=False)

@@ -13,9 +13,10 @@
 A plan that fails to apply or to compile is skipped by the search; a cached plan that no longer fits is ignored.
 """
 from __future__ import annotations
-import hashlib, json, os, time
+import hashlib, json, time
 import numpy as np
 from rewrite import UOp, Ops
+from rewrite.env import env_number
 from rules.pipeline import lower_kernel, Run, pipeline
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
 from .buffer import Buffer, _np_dtype
@@ -26,8 +27,7 @@ VERSION = 1   # bump when a plan's meaning changes: cached plans of another vers
 
 
 def search_width() -> int:
-  try: return max(0, int(os.environ.get("GRAFT_SEARCH", "0") or 0))
-  except ValueError: raise ValueError(f"GRAFT_SEARCH must be a beam width (an integer), not {os.environ['GRAFT_SEARCH']!r}") from None
+  return env_number("GRAFT_SEARCH", 0, "a beam width (0: no search)")
 
 
 def plan_key(norm: UOp, device: str) -> str:
@@ -135,7 +135,7 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
 def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, width: int) -> Plan:
   axes = sorted(heuristic.axis_of, key=heuristic.axis_of.get)
   sizes, kinds = [r.src[0].arg for r in axes], [r.arg[0] for r in axes]
-  budget = time.perf_counter() + float(os.environ.get("GRAFT_SEARCH_SECONDS", "20"))
+  budget = time.perf_counter() + env_number("GRAFT_SEARCH_SECONDS", 20.0, "the seconds a search may spend on a kernel", kind=float)
   timed: dict[tuple, float] = {}
   def measure(p: Plan) -> float:
     if p.opts not in timed:

@@ -1,0 +1,16 @@
+"""Settings read from environment variables, all one way: unset or empty is the default, and a value that is not what
+the variable takes is a ValueError naming the variable, the value and what it takes (never a silent default)."""
+from __future__ import annotations
+import os
+
+
+def env_number(name: str, default, meaning: str, minimum=0, kind=int):
+  """$name as an int (or `kind=float`) of at least `minimum`; `meaning` says what it is, for the error."""
+  value = os.environ.get(name, "").strip()
+  if not value: return default
+  try: number = kind(value)
+  except ValueError: number = None
+  if number is None or number != number or number < minimum:   # number != number: a float NaN
+    raise ValueError(f"{name}={value!r}: set it to {meaning}, a{'n integer' if kind is int else ' number'} >= {minimum} "
+                     f"(default {default}), or unset it")
+  return number
