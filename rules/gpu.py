@@ -55,7 +55,7 @@ from enum import Enum
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks
 from .strided_view import contiguous_strides, View
-from .realize import buffers_read, buffers_written
+from .realize import buffers_read, ScheduleIndex
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
@@ -87,20 +87,15 @@ class FuseContext:
   made kernel by kernel in schedule order (a reduction is judged as the reductions inlined into it left it)."""
   outputs: set = field(default_factory=set)   # BUFFERs the realize returns: their kernels stay
   inlined: list[str] = field(default_factory=list)
-  position: dict[UOp, int] = field(default_factory=dict)        # a kernel of the schedule -> its place
+  index: ScheduleIndex | None = None                            # the schedule as the stage first saw it
   current: list[UOp] = field(default_factory=list)              # each kernel with the reductions inlined into it so far
-  readers: dict[UOp, list[int]] = field(default_factory=dict)   # a buffer -> the places of the kernels reading it
-  writers: dict[UOp, list[int]] = field(default_factory=dict)   # a buffer -> the places of the kernels writing it
   dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
   decided: int = 0                                              # kernels before this place are decided
 
   def index_schedule(self, schedule: UOp) -> None:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
-    self.current = list(schedule.src)
-    self.position = {k: i for i, k in enumerate(self.current)}
-    for i, k in enumerate(self.current):
-      for b in buffers_read(k): self.readers.setdefault(b, []).append(i)
-      for b in buffers_written(k): self.writers.setdefault(b, []).append(i)
+    self.index = ScheduleIndex(schedule.src)
+    self.current = list(self.index.kernels)
 
   def decide_up_to(self, place: int) -> None:
     """Decide every kernel up to `place`, in schedule order, whatever order the rules fire in: whether a reduction is
@@ -202,11 +197,11 @@ def inline_into_readers(ctx: FuseContext, i: int) -> None:
   buf = out_view.src[0]
   if buf in ctx.outputs or not (reductions := _top_reductions(value)) or not walks_rows(reductions): return
   axes = set().union(*(r.arg[1] for r in reductions))
-  readers = [j for j in ctx.readers.get(buf, ()) if j > i]
+  readers = [j for j in ctx.index.readers.get(buf, ()) if j > i]
   if not readers or any(ctx.current[j].op is not Ops.KERNEL or ctx.current[j].arg != p.arg or
                         not _reads_broadcast(ctx.current[j], out_view, axes) for j in readers): return
   # nothing run between the producer and its last reader may write what the producer reads
-  if any(i < w < readers[-1] and w not in ctx.dropped for b in buffers_read(p) for w in ctx.writers.get(b, ())): return
+  if any(i < w < readers[-1] and w not in ctx.dropped for b in buffers_read(p) for w in ctx.index.writers.get(b, ())): return
   for j in readers: ctx.current[j] = substitute(ctx.current[j], {out_view: value}, name="gpu_fuse.inline")
   ctx.dropped.add(i)
   ctx.inlined.append(f"kernel {i} (a reduction over axes {sorted(axes)}) inlined into kernel(s) {readers}: "
@@ -216,7 +211,7 @@ def inline_into_readers(ctx: FuseContext, i: int) -> None:
 def inline_broadcast_reductions(ctx: FuseContext, k: UOp) -> UOp | None:
   """A kernel of the schedule becomes what the fusion decisions made of it: an empty SINK (dropped from the schedule)
   when it was inlined into its readers, the kernel with the reductions inlined into it when it reads some."""
-  if (i := ctx.position.get(k)) is None: return None
+  if (i := ctx.index.place.get(k)) is None: return None
   ctx.decide_up_to(i)
   if i in ctx.dropped: return UOp(Ops.SINK)
   return None if ctx.current[i] is k else ctx.current[i]

@@ -179,29 +179,47 @@ def buffers_written(k: UOp) -> frozenset[UOp]:
   return frozenset(st.src[0].src[0] for st in k.src) if k.op is Ops.KERNEL else frozenset({k.src[0]})
 
 
-def kernel_depths(kernels) -> dict[UOp, int]:
-  """Each kernel's depth in the kernel graph (kernel -> the kernels whose buffers it reads): 0 when it reads no
-  buffer another kernel writes, else one more than the deepest of those. A kernel is deeper than every kernel it
-  needs, directly or not, so kernels of one depth never need one another. Linear: the writer of each buffer is
-  found through an index, and each kernel's graph is walked once."""
-  writer = {b: k for k in kernels for b in buffers_written(k)}
-  needs = {k: [writer[b] for b in buffers_read(k) if b in writer] for k in kernels}
-  depth: dict[UOp, int] = {}
-  for k in kernels:
-    stack = [k]
-    while stack:  # iterative: a chain of thousands of kernels is no concern
-      n = stack[-1]
-      if n in depth: stack.pop(); continue
-      if todo := [d for d in needs[n] if d not in depth]: stack.extend(todo); continue
-      depth[n] = 1 + max((depth[d] for d in needs[n]), default=-1)
-      stack.pop()
-  return depth
+class ScheduleIndex:
+  """The index every schedule-scope stage looks kernels up in, so that none tries pairs of kernels: each kernel's place
+  in the list, the places of each buffer's readers and writers (in order), and each kernel's depth in the kernel
+  graph (kernel -> the kernels whose buffers it reads): 0 when it reads no buffer another kernel writes, else one
+  more than the deepest of those. A kernel is deeper than every kernel it needs, directly or not, so kernels of one
+  depth never need one another. Linear: each kernel's graph is walked once."""
+
+  def __init__(self, kernels):
+    self.kernels: list[UOp] = list(kernels)
+    self.place = {k: i for i, k in enumerate(self.kernels)}
+    self.readers: dict[UOp, list[int]] = {}
+    self.writers: dict[UOp, list[int]] = {}
+    for i, k in enumerate(self.kernels):
+      for b in buffers_read(k): self.readers.setdefault(b, []).append(i)
+      for b in buffers_written(k): self.writers.setdefault(b, []).append(i)
+    self.depth = self._depths()
+
+  def writer(self, b: UOp) -> UOp | None:
+    """The kernel that writes b last (None when no kernel does)."""
+    return self.kernels[ws[-1]] if (ws := self.writers.get(b)) else None
+
+  def _depths(self) -> dict[UOp, int]:
+    needs = {i: set() for i in range(len(self.kernels))}
+    for b, rs in self.readers.items():
+      if (ws := self.writers.get(b)):
+        for r in rs: needs[r].add(ws[-1])
+    depth: dict[int, int] = {}
+    for i in range(len(self.kernels)):
+      stack = [i]
+      while stack:  # iterative: a chain of thousands of kernels is no concern
+        n = stack[-1]
+        if n in depth: stack.pop(); continue
+        if todo := [d for d in needs[n] if d not in depth]: stack.extend(todo); continue
+        depth[n] = 1 + max((depth[d] for d in needs[n]), default=-1)
+        stack.pop()
+    return {k: depth[i] for i, k in enumerate(self.kernels)}
 
 
 def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
   """The kernels in an order they can run in: a toposort of the kernel graph, by depth (ties keep the given order)."""
-  depth = kernel_depths(kernels)
-  return sorted(kernels, key=depth.__getitem__)
+  return sorted(kernels, key=ScheduleIndex(kernels).depth.__getitem__)
 
 
 def _group_key(k: UOp) -> tuple | None:
@@ -219,7 +237,7 @@ class GroupDecisions:
   numbers: dict[UOp, int] = field(default_factory=dict)
   said: set[str] = field(default_factory=set)
   group_of: dict[UOp, list[UOp]] = field(default_factory=dict)  # a kernel -> its group (2 or more), in schedule order
-  writer: dict[UOp, UOp] = field(default_factory=dict)          # a buffer -> the kernel that writes it
+  index: ScheduleIndex | None = None                             # the schedule as the stage first saw it
 
   def note(self, to: list[str], why: str):
     if why not in self.said: self.said.add(why); to.append(why)
@@ -227,21 +245,19 @@ class GroupDecisions:
   def index_schedule(self, schedule: UOp) -> None:
     """The index the group rules look candidates up in (the stage's prepare): kernels by (group key, depth in the kernel
     graph), and each buffer's writer. Linear in the schedule; no pair of kernels is ever tried."""
-    kernels = schedule.src
-    for i, k in enumerate(kernels): self.numbers.setdefault(k, i)
-    depth = kernel_depths(kernels)
-    self.writer = {b: k for k in kernels for b in buffers_written(k)}
+    self.index = index = ScheduleIndex(schedule.src)
+    for i, k in enumerate(index.kernels): self.numbers.setdefault(k, i)
     groups: dict[tuple, list[UOp]] = {}
-    for k in kernels:
-      if (key := _group_key(k)) is not None: groups.setdefault((key, depth[k]), []).append(k)
+    for k in index.kernels:
+      if (key := _group_key(k)) is not None: groups.setdefault((key, index.depth[k]), []).append(k)
     self.group_of = {k: members for members in groups.values() if len(members) > 1 for k in members}
 
 
 def explain_unmerged_reader(ctx: GroupDecisions, k: UOp) -> None:
   """A kernel that reads what a kernel of its own shape and device writes stays apart from it (merging would make a
   cycle); say so. Changes nothing."""
-  if ctx.writer.get(next(iter(buffers_written(k)))) is not k: return None   # a kernel this stage made: said already
-  needed = {ctx.writer[b] for b in buffers_read(k) if b in ctx.writer}
+  if ctx.index.writer(next(iter(buffers_written(k)))) is not k: return None   # a kernel this stage made: said already
+  needed = {w for b in buffers_read(k) if (w := ctx.index.writer(b)) is not None}
   for w in sorted((w for w in needed if _group_key(w) == _group_key(k)), key=ctx.numbers.__getitem__):
     ctx.note(ctx.refused, f"kernel {ctx.numbers[k]} was not fused into kernel {ctx.numbers[w]}: it reads what kernel "
                           f"{ctx.numbers[w]} writes (fusing would make a cycle)")
