@@ -2,10 +2,12 @@
 the variable takes is a ValueError naming the variable, the value and what it takes (never a silent default)."""
 from __future__ import annotations
 import os
+from typing import Any
 
 
-def env_number(name: str, default, meaning: str, minimum=0, kind=int):
-  """$name as an int (or `kind=float`) of at least `minimum`; `meaning` says what it is, for the error."""
+def env_number(name: str, default: float, meaning: str, minimum: float = 0, kind: type = int) -> Any:
+  """$name as an int (or `kind=float`) of at least `minimum`; `meaning` says what it is, for the error. Read when asked,
+  not cached: a test or a program may change it between calls (REWRITE_STATS alone is read once, at import)."""
   value = os.environ.get(name, "").strip()
   if not value: return default
   try: number = kind(value)

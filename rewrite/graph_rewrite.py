@@ -399,7 +399,8 @@ def splice_sinks(node: UOp) -> UOp | None:
   return node.replace(src=tuple(x for s in node.src for x in (s.src if s.op is Ops.SINK else (s,))))
 
 
-def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute", opaque=None) -> UOp:
+def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute",
+               opaque: Callable[[UOp], bool] | None = None) -> UOp:
   """root with every node of `mapping` replaced by its value (which may contain the node it replaces): the users of
   a replaced node are rebuilt over the replacement, nothing else changes. One pass over root's cached toposort
   (sources first), the shared rule applied only where a source changed: a graph_rewrite would visit every node,
@@ -423,7 +424,7 @@ def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute", opa
   return new.get(root, root)
 
 
-def _sources_first_outside(root: UOp, stop: dict, opaque) -> list[UOp]:
+def _sources_first_outside(root: UOp, stop: dict, opaque: Callable[[UOp], bool]) -> list[UOp]:
   """root's nodes, sources before users, without entering a node of `stop` or an opaque one (neither is listed)."""
   order: list[UOp] = []
   seen: set[UOp] = set()

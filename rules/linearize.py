@@ -85,9 +85,6 @@ def closed_loops(n: UOp) -> tuple[UOp, ...]:
   return ()
 
 
-_CLOSERS = frozenset({Ops.REDUCE, Ops.BARRIER})   # the ops closed_loops knows: a cheap test first, blocks hold hundreds of statements
-
-
 _NOT_STATEMENTS = (Ops.CONST, Ops.RANGE, Ops.SINK)   # constants are inline, loops open with their blocks
 
 
@@ -134,10 +131,10 @@ def open_reduction_loop(block: UOp) -> UOp | None:
 filled in one loop share it)."""
   depth = len(block.arg)
   waiting = {s.arg[depth] for s in block.src if s.op is Ops.BLOCK}
-  first = next((s for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s)) and ls[0] in waiting), None)
+  first = next((s for s in block.src if (ls := closed_loops(s)) and ls[0] in waiting), None)
   if first is None: return None
   loop = closed_loops(first)[0]
-  group = [s for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s)) and ls[0] is loop]
+  group = [s for s in block.src if (ls := closed_loops(s)) and ls[0] is loop]
   closed, rest = _gather(block.src, block.arg, loop)
   at = rest.index(first)
   hoisted: dict[UOp, None] = {}
@@ -153,7 +150,7 @@ def nest_loops_after_statements(block: UOp) -> UOp | None:
   """Every other loop (an output loop, or the inner loop of a reduction over several) is gathered after the block's
   statements, outermost first: its statements need those, and nothing here reads a value from inside it."""
   depth = len(block.arg)
-  anchored = {ls[0] for s in block.src if s.op in _CLOSERS and (ls := closed_loops(s))}
+  anchored = {ls[0] for s in block.src if (ls := closed_loops(s))}
   loops = {s.arg[depth]: None for s in block.src if s.op is Ops.BLOCK and s.arg[depth] not in anchored}
   if not loops: return None
   rest: tuple[UOp, ...] | list[UOp] = block.src

@@ -197,7 +197,7 @@ class ScheduleIndex:
     self.depth = self._depths()
 
   def writer(self, b: UOp) -> UOp | None:
-    """The kernel that writes b last (None when no kernel does)."""
+    """The kernel that writes b, the last in the list when several do (None when none does)."""
     return self.kernels[ws[-1]] if (ws := self.writers.get(b)) else None
 
   def _depths(self) -> dict[UOp, int]:
@@ -207,13 +207,17 @@ class ScheduleIndex:
         for r in rs: needs[r].add(ws[-1])
     depth: dict[int, int] = {}
     for i in range(len(self.kernels)):
-      stack = [i]
+      stack, on_path = [i], set()
       while stack:  # iterative: a chain of thousands of kernels is no concern
         n = stack[-1]
         if n in depth: stack.pop(); continue
-        if todo := [d for d in needs[n] if d not in depth]: stack.extend(todo); continue
+        if todo := [d for d in needs[n] if d not in depth]:
+          if n in on_path or any(d in on_path for d in todo):  # only several writers of one buffer can make one
+            raise ValueError(f"kernels {sorted(on_path | {n})} need one another: a buffer has several writers "
+                             "and no order runs them")
+          on_path.add(n); stack.extend(todo); continue
         depth[n] = 1 + max((depth[d] for d in needs[n]), default=-1)
-        stack.pop()
+        on_path.discard(n); stack.pop()
     return {k: depth[i] for i, k in enumerate(self.kernels)}
 
 

@@ -30,7 +30,7 @@ from .search import lower_planned
 
 
 def debug_level() -> int:
-  return env_number("DEBUG", 0, "a debug level (1: realizes, 2: kernels, 3: and their source)")
+  return env_number("DEBUG", 0, "a debug level (1: realizes, 2: and the host program, 3: and the kernels' source)")
 
 
 @dataclass(eq=False)
@@ -264,9 +264,8 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
 def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned."""
-  t0 = time.perf_counter()
+  t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
   program = build_program(outputs, targets)
-  dbg = debug_level()
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")

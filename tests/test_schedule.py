@@ -114,3 +114,31 @@ def test_attention_computes_its_scores_once():
   q_buffer = next(n for n in q.uop.toposort if n.op is Ops.BUFFER)
   kernels, _ = schedule([out.uop], [out.device], Run(out.device))
   assert sum(q_buffer in kernel.toposort for kernel in kernels) == 1
+
+
+# ---- the schedule's index (rules/realize.py ScheduleIndex), on kernels written by hand ----
+def _buffer(name: str) -> UOp: return UOp(Ops.BUFFER, dtypes.float32, (), name)
+
+
+def _kernel(writes: list[UOp], reads: list[UOp]) -> UOp:
+  value = UOp(Ops.SINK, src=tuple(reads))   # stands for whatever the kernel computes from what it reads
+  return UOp(Ops.KERNEL, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (UOp(Ops.VIEW, dtypes.float32, (w,)), value))
+                                            for w in writes), "CPU")
+
+
+def test_the_schedule_index_gives_depths_readers_and_writers():
+  from rules.realize import ScheduleIndex, in_dependency_order
+  a, b, c, d = map(_buffer, "abcd")
+  k0, k1, k2, k3 = _kernel([a], []), _kernel([b], [a]), _kernel([c], [a]), _kernel([d], [b, c])   # a diamond
+  index = ScheduleIndex([k3, k1, k0, k2])
+  assert [index.depth[k] for k in (k0, k1, k2, k3)] == [0, 1, 1, 2]
+  assert index.readers[a] == [1, 3] and index.writers[d] == [0] and index.writer(c) is k2 and index.writer(_buffer("e")) is None
+  assert in_dependency_order([k3, k1, k0, k2]) == [k0, k1, k2, k3]   # by depth, ties in the given order
+
+
+def test_kernels_that_need_one_another_are_an_error_not_a_hang():
+  from rules.realize import ScheduleIndex
+  a, b, c = map(_buffer, "abc")
+  # b has two writers; the last listed, k2, reads what k1 writes, and k1 reads b: no order runs them
+  k0, k1, k2 = _kernel([b], []), _kernel([c], [b]), _kernel([b], [c])
+  with pytest.raises(ValueError, match="need one another: a buffer has several writers"): ScheduleIndex([k0, k1, k2])

@@ -10,12 +10,14 @@ Stage `opt_vector` (rule set `vector_rules`). In: a kernel where one RANGE (the 
 - a float sum over other loops accumulates a vector; a sum over the lane loop itself adds up its lanes at the end;
 - a store of contiguous lanes is one vector store, any other a store per lane.
 Values are unchanged, except that a float sum over the lane loop adds in another order.
+In: no vector values (no stage before this one makes any). Out, and at every step: each vector is built from values at
+fixed lanes (a load from lane 0's address, copies at lanes 0..n-1, a broadcast), so no vector depends on the lane
+loop; the copies and searches of a lane (`at_lane`, `uses_lane`) rely on it and do not enter vectors.
 """
 from __future__ import annotations
 import functools
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, substitute
 from rules.symbolic import terms_of
-from rewrite import substitute
 from .upcast import parts_in, at_values
 
 VECTOR_TYPES = (dtypes.float32, dtypes.float64, dtypes.int32)   # what the C renderer declares vector types of
@@ -37,7 +39,7 @@ def uses_lane(u: UOp, lane: UOp) -> bool:
   seen, stack = set(), [u]
   while stack:
     if (n := stack.pop()) is lane: return True
-    if n in seen or n.dtype.count > 1: continue
+    if n in seen or is_vector(n): continue
     seen.add(n)
     stack.extend(n.src)
   return False
@@ -48,7 +50,7 @@ def at_lane(u: UOp, lane: UOp, c: int) -> UOp:
   The copy does not enter vector values: this stage builds every vector from values at fixed lanes (all_lanes, a
   load from lane 0's address), so no vector depends on the lane loop, and a store's lane copies need not walk the
   vector accumulators (and all their loads) under it."""
-  if u.dtype.count > 1: return UOp(Ops.GEP, u.dtype.scalar, (u, UOp.const(dtypes.index, c)))
+  if is_vector(u): return UOp(Ops.GEP, u.dtype.scalar, (u, UOp.const(dtypes.index, c)))
   return substitute(u, {lane: UOp.const(lane.dtype, c)}, name="opt.loops_at_values", opaque=is_vector)
 
 
