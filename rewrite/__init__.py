@@ -4,10 +4,10 @@ from .dtypes import DType, PtrDType, dtypes
 from .uop import UOp, pretty
 from .upat import UPat
 from .matcher import PatternMatcher, Rule
-from .graph_rewrite import graph_rewrite, substitute, splice_sinks, rewrite_each, RewriteLoopError, RuleError
+from .graph_rewrite import graph_rewrite, substitute, splice_sinks, rewrite_each, InOrder, RewriteLoopError, RuleError
 from . import stats
 from .verify import verify, VerifyError
 
 __all__ = ["Ops", "GroupOp", "DType", "PtrDType", "dtypes", "UOp", "pretty", "UPat", "PatternMatcher", "Rule",
-           "graph_rewrite", "substitute", "splice_sinks", "rewrite_each", "RewriteLoopError", "RuleError", "stats",
+           "graph_rewrite", "substitute", "splice_sinks", "rewrite_each", "InOrder", "RewriteLoopError", "RuleError", "stats",
            "verify", "VerifyError"]

@@ -392,6 +392,20 @@ def rebuild_users_of_replaced_nodes(ctx: tuple[dict, set], u: UOp) -> UOp | None
 _substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_nodes)], name="substitute")
 
 
+class InOrder:
+  """Decisions that must be made in a list's order whatever order the rules fire in (a rule on each step of a list,
+  where a step's decision depends on those of the steps before it): a rule for the step at place i calls
+  `up_to(i)`, which makes every decision not made yet up to i, each once, in order."""
+
+  def __init__(self, decide: Callable[[int], None]):
+    self.decide, self.made = decide, 0
+
+  def up_to(self, place: int) -> None:
+    while self.made <= place:
+      self.decide(self.made)
+      self.made += 1
+
+
 def splice_sinks(node: UOp) -> UOp | None:
   """A rule for a node whose sources are a list (a SINK of statements or steps): a source that is itself a SINK (what
   a rule returns when it makes several nodes of one) is replaced, in place, by its own sources. None when none is."""

@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks, InOrder
 from .strided_view import contiguous_strides, View
 from .realize import buffers_read, ScheduleIndex
 from .shapes import shape_of
@@ -90,19 +90,14 @@ class FuseContext:
   index: ScheduleIndex | None = None                            # the schedule as the stage first saw it
   current: list[UOp] = field(default_factory=list)              # each kernel with the reductions inlined into it so far
   dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
-  decided: int = 0                                              # kernels before this place are decided
+  decisions: InOrder | None = None                              # kernels are decided in schedule order
 
   def index_schedule(self, schedule: UOp) -> None:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
     self.index = ScheduleIndex(schedule.src)
     self.current = list(self.index.kernels)
-
-  def decide_up_to(self, place: int) -> None:
-    """Decide every kernel up to `place`, in schedule order, whatever order the rules fire in: whether a reduction is
-    inlined depends on the reductions inlined into it before."""
-    while self.decided <= place:
-      inline_into_readers(self, self.decided)
-      self.decided += 1
+    # whether a reduction is inlined depends on the reductions inlined into it before
+    self.decisions = InOrder(lambda i: inline_into_readers(self, i))
 
 
 def _top_reductions(value: UOp) -> list[UOp]:
@@ -212,7 +207,7 @@ def inline_broadcast_reductions(ctx: FuseContext, k: UOp) -> UOp | None:
   """A kernel of the schedule becomes what the fusion decisions made of it: an empty SINK (dropped from the schedule)
   when it was inlined into its readers, the kernel with the reductions inlined into it when it reads some."""
   if (i := ctx.index.place.get(k)) is None: return None
-  ctx.decide_up_to(i)
+  ctx.decisions.up_to(i)
   if i in ctx.dropped: return UOp(Ops.SINK)
   return None if ctx.current[i] is k else ctx.current[i]
 

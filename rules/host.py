@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools, math
 from dataclasses import dataclass, field
 from typing import Callable
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, InOrder
 from .realize import NewBuffer, normalize
 from .strided_view import View, compose, contiguous_strides
 from .gpu_split import split_reduction_plan, split_reduction
@@ -292,6 +292,7 @@ class MemoryPlan:
   storage_of: dict[UOp, Storage] = field(default_factory=dict)
   last_free: dict[Storage, UOp] = field(default_factory=dict)  # a storage -> the buffer whose FREE is its last
   allocs: list[list[UOp]] = field(default_factory=list)        # the ALLOCs before each step planned so far
+  steps: InOrder | None = None                                  # steps are planned in program order
 
 
 def index_lifetimes(ctx: HostContext, program: UOp) -> None:
@@ -305,13 +306,15 @@ def index_lifetimes(ctx: HostContext, program: UOp) -> None:
   dying: dict[int, list[UOp]] = {}
   for b, i in first.items(): born.setdefault(i, []).append(b)
   for b, i in last.items(): dying.setdefault(i, []).append(b)
-  ctx.memory = MemoryPlan({step: i for i, step in enumerate(program.src)}, born, dying)
+  m = ctx.memory = MemoryPlan({step: i for i, step in enumerate(program.src)}, born, dying)
+  # the free list a step sees is what the steps before it left
+  m.steps = InOrder(lambda i: plan_step(m, ctx.storages, i))
 
 
-def plan_next_step(m: MemoryPlan, storages: itertools.count) -> None:
-  """The next step in program order: each buffer first used there takes the smallest free storage of its device that
-  holds it (best fit; ties: the oldest), else a new one; each last used there puts its storage back on the free list."""
-  i = len(m.allocs)
+def plan_step(m: MemoryPlan, storages: itertools.count, i: int) -> None:
+  """Step i, the steps before it planned: each buffer first used there takes the smallest free storage of its device
+  that holds it (best fit; ties: the oldest), else a new one; each last used there puts its storage back on the free
+  list."""
   allocs = []
   for b in m.born.get(i, ()):
     fits = [s for s in m.free if s.device == b.arg.device and s.nbytes >= nbytes(b)]
@@ -328,8 +331,7 @@ def plan_next_step(m: MemoryPlan, storages: itertools.count) -> None:
 def plan_memory_of_step(ctx: HostContext, step: UOp) -> None:
   """A step's buffers get their storage, into the context (the step itself is unchanged). Steps are planned in program
   order whatever order the rules fire in: the free list a step sees is what the steps before it left."""
-  if (i := ctx.memory.place.get(step)) is not None:
-    while len(ctx.memory.allocs) <= i: plan_next_step(ctx.memory, ctx.storages)
+  if (i := ctx.memory.place.get(step)) is not None: ctx.memory.steps.up_to(i)
 
 
 def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:

@@ -249,3 +249,11 @@ def test_substitute_does_not_enter_what_the_caller_calls_opaque():
     pruned = substitute(e, {a: c}, name="pruned", opaque=lambda n: n is big)
   assert pruned is whole is (c + 1) * big
   assert s.stages["pruned"].nodes_in == 3 and s.stages["whole"].nodes_in > 100   # 1, a + 1 and the product
+
+
+def test_in_order_makes_each_decision_once_in_list_order_whatever_order_rules_ask():
+  from rewrite import InOrder
+  made = []
+  decisions = InOrder(made.append)
+  decisions.up_to(2); decisions.up_to(0); decisions.up_to(4); decisions.up_to(3)
+  assert made == [0, 1, 2, 3, 4]
