@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute
 from rewrite.env import env_number
 from rules.pipeline import schedule, Run, pipeline
-from rules.realize import NewBuffer
+from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, GridContext, MULTIPROCESSORS
@@ -167,6 +167,7 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   kernels, realized = schedule(uops, devices, run)
   for shape, buf in new_buffers(kernels) if to_run else (): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
   kernels, outputs, returned, wanted = list(kernels), [], [], {}
+  made_here = {b for k in kernels if k.op is Ops.KERNEL for b in buffers_written(k)}   # one pass, not one per output
   for u, t in zip(realized, targets):
     b = u.src[0]
     if t is None:
@@ -174,7 +175,7 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
       continue
     outputs.append((u.dtype, t[1], t[0]))
     if b is t[0] and u.arg == t[1]: continue  # assigned its own value
-    if any(k.op is Ops.KERNEL and any(st.src[0].src[0] is b for st in k.src) for k in kernels): wanted[b] = t
+    if b in made_here: wanted[b] = t
     else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
       kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
   run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode(), grid_multiprocessors, pick.split_mode())
