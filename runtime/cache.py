@@ -29,6 +29,7 @@ import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, TypeVar
+from rewrite.env import env_flag
 
 FORMAT = "graft-cache-1"  # bump when the entry layout changes, so old entries are ignored
 SOURCE_SUFFIX = {".so": ".c", ".cubin": ".cu", ".ptx": ".cu", ".fatbin": ".cu"}
@@ -43,7 +44,7 @@ T = TypeVar("T")
 
 def cache_dir() -> Path | None:
   """The disk cache directory the environment asks for, or None when GRAFT_CACHE=0."""
-  if os.environ.get("GRAFT_CACHE", "1") == "0": return None
+  if not env_flag("GRAFT_CACHE", True, "the disk cache"): return None
   if (d := os.environ.get("GRAFT_CACHE_DIR")): return Path(d).expanduser()
   xdg = os.environ.get("XDG_CACHE_HOME", "")
   # the XDG spec says a relative value is invalid and must be ignored

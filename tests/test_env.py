@@ -49,3 +49,11 @@ def test_a_bad_debug_level_fails_before_anything_compiles(monkeypatch):
   monkeypatch.setattr(realize, "build_program", lambda *a, **k: built.append(1))
   with pytest.raises(ValueError, match="DEBUG='x'"): (Tensor(np.ones(4, np.float32)) + 1).numpy()
   assert not built
+
+
+def test_a_switch_takes_0_or_1(monkeypatch):
+  from runtime.cache import cache_dir
+  monkeypatch.setenv("GRAFT_CACHE", "0")
+  assert cache_dir() is None
+  monkeypatch.setenv("GRAFT_CACHE", "false")   # before: anything but "0" left the cache on, silently
+  with pytest.raises(ValueError, match=r"GRAFT_CACHE='false': 1 turns the disk cache on, 0 off \(default 1\)"): cache_dir()
