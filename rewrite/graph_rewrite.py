@@ -395,14 +395,13 @@ _substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_n
 class InOrder:
   """Decisions that must be made in a list's order whatever order the rules fire in (a rule on each step of a list,
   where a step's decision depends on those of the steps before it): a rule for the step at place i calls
-  `up_to(i)`, which makes every decision not made yet up to i, each once, in order."""
+  `up_to(i, decide)`, which calls `decide(j)` for every place j up to i not decided yet, each once, in order."""
 
-  def __init__(self, decide: Callable[[int], None]):
-    self.decide, self.made = decide, 0
+  def __init__(self): self.made = 0
 
-  def up_to(self, place: int) -> None:
+  def up_to(self, place: int, decide: Callable[[int], None]) -> None:
     while self.made <= place:
-      self.decide(self.made)
+      decide(self.made)
       self.made += 1
 
 

@@ -90,14 +90,12 @@ class FuseContext:
   index: ScheduleIndex | None = None                            # the schedule as the stage first saw it
   current: list[UOp] = field(default_factory=list)              # each kernel with the reductions inlined into it so far
   dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
-  decisions: InOrder | None = None                              # kernels are decided in schedule order
+  decisions: InOrder = field(default_factory=InOrder)          # kernels are decided in schedule order
 
   def index_schedule(self, schedule: UOp) -> None:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
     self.index = ScheduleIndex(schedule.src)
     self.current = list(self.index.kernels)
-    # whether a reduction is inlined depends on the reductions inlined into it before
-    self.decisions = InOrder(lambda i: inline_into_readers(self, i))
 
 
 def _top_reductions(value: UOp) -> list[UOp]:
@@ -207,7 +205,8 @@ def inline_broadcast_reductions(ctx: FuseContext, k: UOp) -> UOp | None:
   """A kernel of the schedule becomes what the fusion decisions made of it: an empty SINK (dropped from the schedule)
   when it was inlined into its readers, the kernel with the reductions inlined into it when it reads some."""
   if (i := ctx.index.place.get(k)) is None: return None
-  ctx.decisions.up_to(i)
+  # whether a reduction is inlined depends on the reductions inlined into it before
+  ctx.decisions.up_to(i, lambda j: inline_into_readers(ctx, j))
   if i in ctx.dropped: return UOp(Ops.SINK)
   return None if ctx.current[i] is k else ctx.current[i]
 

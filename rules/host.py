@@ -292,7 +292,7 @@ class MemoryPlan:
   storage_of: dict[UOp, Storage] = field(default_factory=dict)
   last_free: dict[Storage, UOp] = field(default_factory=dict)  # a storage -> the buffer whose FREE is its last
   allocs: list[list[UOp]] = field(default_factory=list)        # the ALLOCs before each step planned so far
-  steps: InOrder | None = None                                  # steps are planned in program order
+  steps: InOrder = field(default_factory=InOrder)             # steps are planned in program order
 
 
 def index_lifetimes(ctx: HostContext, program: UOp) -> None:
@@ -306,9 +306,7 @@ def index_lifetimes(ctx: HostContext, program: UOp) -> None:
   dying: dict[int, list[UOp]] = {}
   for b, i in first.items(): born.setdefault(i, []).append(b)
   for b, i in last.items(): dying.setdefault(i, []).append(b)
-  m = ctx.memory = MemoryPlan({step: i for i, step in enumerate(program.src)}, born, dying)
-  # the free list a step sees is what the steps before it left
-  m.steps = InOrder(lambda i: plan_step(m, ctx.storages, i))
+  ctx.memory = MemoryPlan({step: i for i, step in enumerate(program.src)}, born, dying)
 
 
 def plan_step(m: MemoryPlan, storages: itertools.count, i: int) -> None:
@@ -331,7 +329,8 @@ def plan_step(m: MemoryPlan, storages: itertools.count, i: int) -> None:
 def plan_memory_of_step(ctx: HostContext, step: UOp) -> None:
   """A step's buffers get their storage, into the context (the step itself is unchanged). Steps are planned in program
   order whatever order the rules fire in: the free list a step sees is what the steps before it left."""
-  if (i := ctx.memory.place.get(step)) is not None: ctx.memory.steps.up_to(i)
+  if (i := ctx.memory.place.get(step)) is not None:
+    ctx.memory.steps.up_to(i, lambda j: plan_step(ctx.memory, ctx.storages, j))
 
 
 def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:

@@ -254,6 +254,6 @@ def test_substitute_does_not_enter_what_the_caller_calls_opaque():
 def test_in_order_makes_each_decision_once_in_list_order_whatever_order_rules_ask():
   from rewrite import InOrder
   made = []
-  decisions = InOrder(made.append)
-  decisions.up_to(2); decisions.up_to(0); decisions.up_to(4); decisions.up_to(3)
+  decisions = InOrder()
+  for place in (2, 0, 4, 3): decisions.up_to(place, made.append)
   assert made == [0, 1, 2, 3, 4]
