@@ -395,7 +395,9 @@ _substitute_rules = PatternMatcher([(UPat(name="u"), rebuild_users_of_replaced_n
 class InOrder:
   """Decisions that must be made in a list's order whatever order the rules fire in (a rule on each step of a list,
   where a step's decision depends on those of the steps before it): a rule for the step at place i calls
-  `up_to(i, decide)`, which calls `decide(j)` for every place j up to i not decided yet, each once, in order."""
+  `up_to(i, decide)`, which calls `decide(j)` for every place j up to i not decided yet, each once, in order. Every
+  caller passes the same `decide` (the rules of one stage). A decision that raises stays not made: graph_rewrite
+  runs the rule again to name it in its error, and the decision raises again."""
 
   def __init__(self): self.made = 0
 

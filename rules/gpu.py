@@ -96,6 +96,7 @@ class FuseContext:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
     self.index = ScheduleIndex(schedule.src)
     self.current = list(self.index.kernels)
+    self.decisions, self.dropped, self.inlined = InOrder(), set(), []   # a schedule indexed anew is decided anew
 
 
 def _top_reductions(value: UOp) -> list[UOp]:

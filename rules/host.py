@@ -291,7 +291,7 @@ class MemoryPlan:
   free: list[Storage] = field(default_factory=list)            # storages no live buffer holds, in the order freed
   storage_of: dict[UOp, Storage] = field(default_factory=dict)
   last_free: dict[Storage, UOp] = field(default_factory=dict)  # a storage -> the buffer whose FREE is its last
-  allocs: list[list[UOp]] = field(default_factory=list)        # the ALLOCs before each step planned so far
+  allocs: dict[int, list[UOp]] = field(default_factory=dict)   # a step's place -> the ALLOCs before it
   steps: InOrder = field(default_factory=InOrder)             # steps are planned in program order
 
 
@@ -320,7 +320,7 @@ def plan_step(m: MemoryPlan, storages: itertools.count, i: int) -> None:
     else: s = Storage(next(storages), nbytes(b), b.arg.device)
     m.storage_of[b] = s
     allocs.append(UOp(Ops.ALLOC, src=(b,), arg=s))
-  m.allocs.append(allocs)
+  m.allocs[i] = allocs
   for b in m.dying.get(i, ()):
     m.free.append(m.storage_of[b])
     m.last_free[m.storage_of[b]] = b
@@ -337,8 +337,8 @@ def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:
   """Every step planned (rewriting is bottom-up), each is laid out between its ALLOCs and its FREEs; the FREE after
   which no ALLOC takes its storage again names that storage: the runtime gives it back to the device there."""
   m = ctx.memory
-  if len(m.allocs) < len(program.src):
-    raise ValueError(f"host program step {program.src[len(m.allocs)].op} is not a CALL, EXTERN, PICK or COPY: its memory cannot be planned")
+  if (unplanned := next((s for i, s in enumerate(program.src) if i not in m.allocs), None)) is not None:
+    raise ValueError(f"host program step {unplanned.op} is not a CALL, EXTERN, PICK or COPY: its memory cannot be planned")
   def free(b: UOp) -> UOp: return UOp(Ops.FREE, src=(b,), arg=m.storage_of[b] if m.last_free[m.storage_of[b]] is b else None)
   steps = [x for i, step in enumerate(program.src) for x in (*m.allocs[i], step, *map(free, m.dying.get(i, ())))]
   return program.replace(src=tuple(steps), arg="planned")

@@ -29,7 +29,7 @@ _lock = threading.Lock()
 
 def mode(variable: str, zero: str, one: str) -> str:
   """"off", "on" or "pick" from `variable` (0, 1, unset); anything else is a ValueError naming the choices."""
-  v = os.environ.get(variable, "")
+  v = os.environ.get(variable, "").strip()
   if v not in ("", "0", "1"): raise ValueError(f"{variable}={v!r}: use 0 ({zero}), 1 ({one}) or leave it unset (time both)")
   return {"": "pick", "0": "off", "1": "on"}[v]
 

@@ -25,7 +25,7 @@ from rules.gpu import launch_dims, GridContext, MULTIPROCESSORS
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
-from . import extern, pick
+from . import cache, extern, pick
 from .search import lower_planned
 
 
@@ -167,7 +167,10 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   kernels, realized = schedule(uops, devices, run)
   for shape, buf in new_buffers(kernels) if to_run else (): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
   kernels, outputs, returned, wanted = list(kernels), [], [], {}
-  made_here = {b for k in kernels if k.op is Ops.KERNEL for b in buffers_written(k)}   # one pass, not one per output
+  # buffers a kernel of this schedule computes: its stores can go to the target instead (a COPY's cannot: the host
+  # stage redirects KERNEL stores only). Only the schedule's own kernels: a copy appended below for an earlier target
+  # is not one (taking it for one sent an earlier output's write to a later target)
+  made_here = {b for k in kernels if k.op is Ops.KERNEL for b in buffers_written(k)}
   for u, t in zip(realized, targets):
     b = u.src[0]
     if t is None:
@@ -264,8 +267,10 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
 
 def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
-  written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned."""
-  t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
+  written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
+  targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
+  t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG or GRAFT_CACHE is an error before any compile
+  cache.cache_dir()
   program = build_program(outputs, targets)
   if dbg >= 2:
     print(program)

@@ -170,6 +170,17 @@ def test_a_kernel_reading_the_target_elsewhere_writes_aside_then_copies():
   np.testing.assert_array_equal(target.arg.numpy(), a[::-1])
 
 
+def test_several_targets_are_written_in_list_order():
+  # output 0 copies z into X; output 1 then copies X (so: z) into Y. Before, output 1's buffer X was taken for one a
+  # kernel computes (the copy appended for output 0) and that copy's store went to Y: X kept its old value.
+  for value in (lambda z: z, lambda z: z + 0):   # an existing buffer (a copy), a computed value (a kernel)
+    x, y, z = (Tensor(np.full(4, v, np.float32)).realize() for v in (1, 2, 3))
+    X, Y, whole = x.uop.src[0], y.uop.src[0], View.contiguous((4,))
+    realize([(value(z).uop, z.device), (x.uop, x.device)], targets=[(X, whole), (Y, whole)])
+    np.testing.assert_array_equal(X.arg.numpy(), [3, 3, 3, 3])
+    np.testing.assert_array_equal(Y.arg.numpy(), [3, 3, 3, 3])
+
+
 def test_a_nested_list_is_taken_in_the_tensors_dtype():
   t = Tensor(np.zeros((2, 3), np.int32))
   t[1] = [4, 5, 6]

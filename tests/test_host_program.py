@@ -160,3 +160,11 @@ def test_memory_is_planned_in_program_order_whatever_order_the_step_rules_fire_i
   assert planned(lambda steps: steps[::-1]) is forward
   allocs = [s.arg for s in forward.src if s.op is Ops.ALLOC]
   assert len(allocs) == 4 and len(set(allocs)) == 2   # four intermediates in two storages
+
+
+def test_a_step_memory_planning_does_not_know_is_named():
+  from rewrite import UOp, Ops
+  from rules.host import HostContext, index_lifetimes, place_allocs_and_frees
+  ctx, program = HostContext(frozenset()), UOp(Ops.SINK, src=(UOp(Ops.NOOP),), arg="steps")
+  index_lifetimes(ctx, program)   # no rule plans a NOOP step
+  with pytest.raises(ValueError, match="step Ops.NOOP is not a CALL, EXTERN, PICK or COPY"): place_allocs_and_frees(ctx, program)
