@@ -94,4 +94,3 @@ def test_no_statistics_by_default():
   out = subprocess.run([sys.executable, "-c", SCRIPT.format(root=ROOT)], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
   assert out.stdout.strip() == "done"
-
