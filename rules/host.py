@@ -28,7 +28,7 @@ import itertools, math
 from dataclasses import dataclass, field
 from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, InOrder
-from .realize import NewBuffer, normalize
+from .realize import NewBuffer, normalize, buffers_written
 from .strided_view import View, compose, contiguous_strides
 from .gpu_split import split_reduction_plan, split_reduction
 
@@ -131,12 +131,12 @@ def store_into_assigned_buffer(ctx: HostContext, k: UOp) -> UOp | None:
     done = st.src[0].src[0]
     ctx.returned = ctx.returned - {done}
     copy = UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, done.dtype, (target,), view), st.src[0])),), arg=k.arg)
-    return UOp(Ops.SINK, src=(call_kernel(ctx, k, allow_targets=False), copy))
+    return UOp(Ops.SINK, src=(call_kernel(ctx, k), copy))
   return None
 
 
-def call_kernel(ctx: HostContext, k: UOp, allow_targets: bool = True) -> UOp | None:
-  if allow_targets and any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+def call_kernel(ctx: HostContext, k: UOp) -> UOp | None:
+  # (a kernel storing into an assignment's output never gets here: store_into_assigned_buffer, first, takes it)
   norm, buffers = normalize(k)
   return UOp(Ops.CALL, src=tuple(buffers), arg=norm)
 
@@ -246,7 +246,7 @@ def gemm_operands(k: UOp):
 
 def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
   """A matrix product the device's BLAS can do: an EXTERN gemm step, the generated kernel kept as the other choice."""
-  if ctx.extern_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  if ctx.extern_mode == "off": return None
   if (mm := gemm_operands(k)) is None: return None
   norm, buffers = normalize(k)
   ext = Extern("gemm", mm[3], tuple(buffers.index(x) for x in mm[:3]), norm, ctx.extern_mode == "pick")
@@ -257,9 +257,9 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
   (rules/gpu_split.py); with split_mode "on", the two calls alone."""
-  if ctx.split_mode == "off" or any(st.src[0].src[0] in ctx.targets for st in k.src): return None
+  if ctx.split_mode == "off": return None
   # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
-  written = {st.src[0].src[0] for st in k.src}
+  written = buffers_written(k)
   if any(n in written for st in k.src for n in st.src[1].toposort): return None
   if (sms := ctx.multiprocessors(k.arg)) is None or (opt := split_reduction_plan(k, sms)) is None: return None
   partials, combine, scratches = split_reduction(k, opt)
@@ -281,6 +281,9 @@ host_rules = PatternMatcher([
 
 
 # ---- stage memory: lifetimes and shared storage, planned step by step ----
+STEP_OPS = (Ops.CALL, Ops.EXTERN, Ops.PICK, Ops.COPY)   # the steps of a host program
+
+
 @dataclass
 class MemoryPlan:
   """What stage memory knows: an index of the program's lifetimes (made by `index_lifetimes` before the rules run) and
@@ -296,7 +299,10 @@ class MemoryPlan:
 
 
 def index_lifetimes(ctx: HostContext, program: UOp) -> None:
-  """The memory stage's index (its Stage.prepare): where each intermediate buffer is first and last used."""
+  """The memory stage's index (its Stage.prepare): where each intermediate buffer is first and last used. Every step
+  must be one the memory rules plan (`STEP_OPS`)."""
+  if (unknown := next((s for s in program.src if s.op not in STEP_OPS), None)) is not None:
+    raise ValueError(f"host program step {unknown.op} is not a CALL, EXTERN, PICK or COPY: its memory cannot be planned")
   first: dict[UOp, int] = {}
   last: dict[UOp, int] = {}
   for i, step in enumerate(program.src):
@@ -337,14 +343,12 @@ def place_allocs_and_frees(ctx: HostContext, program: UOp) -> UOp:
   """Every step planned (rewriting is bottom-up), each is laid out between its ALLOCs and its FREEs; the FREE after
   which no ALLOC takes its storage again names that storage: the runtime gives it back to the device there."""
   m = ctx.memory
-  if (unplanned := next((s for i, s in enumerate(program.src) if i not in m.allocs), None)) is not None:
-    raise ValueError(f"host program step {unplanned.op} is not a CALL, EXTERN, PICK or COPY: its memory cannot be planned")
   def free(b: UOp) -> UOp: return UOp(Ops.FREE, src=(b,), arg=m.storage_of[b] if m.last_free[m.storage_of[b]] is b else None)
   steps = [x for i, step in enumerate(program.src) for x in (*m.allocs[i], step, *map(free, m.dying.get(i, ())))]
   return program.replace(src=tuple(steps), arg="planned")
 
 
 memory_rules = PatternMatcher([
-  (UPat((Ops.CALL, Ops.EXTERN, Ops.PICK, Ops.COPY), name="step"), plan_memory_of_step),
+  (UPat(STEP_OPS, name="step"), plan_memory_of_step),
   (UPat(Ops.SINK, name="program", arg="steps"), place_allocs_and_frees),
 ], name="memory")

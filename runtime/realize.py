@@ -138,6 +138,7 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   with _lock: hit = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
+  cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
   program = _build(_lower(uops, devices, targets))
   refs = [weakref.ref(b) for b in input_buffers(uops)] + [weakref.ref(t[0].arg) for t in targets if t is not None]
   with _lock:
@@ -269,8 +270,7 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
-  t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG or GRAFT_CACHE is an error before any compile
-  cache.cache_dir()
+  t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
   program = build_program(outputs, targets)
   if dbg >= 2:
     print(program)
