@@ -70,16 +70,23 @@ _libc = _ffi.dlopen(None)
 OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")  # gcc's, clang's, Intel's
 
 
-@functools.cache
+_openmp_pinned = False
+
+
 def pin_openmp_runtime() -> None:
   """Keep the OpenMP runtime that the kernel libraries loaded mapped until the process ends. Its worker threads live
   in its code and spin there for a while after each parallel loop; if unloading the last kernel library (the cap's
   dlclose, or interpreter exit) unloaded the runtime too, a spinning thread would run unmapped code (a SIGSEGV seen at
-  exit on a 16-core machine). RTLD_NOLOAD touches only a runtime already loaded; RTLD_NODELETE pins it."""
+  exit on a 16-core machine). RTLD_NOLOAD touches only a runtime already loaded; RTLD_NODELETE pins it. Tried after
+  each library load until it succeeds: a library without a parallel loop does not load the runtime (the linker drops
+  an unused -lgomp), so the first one loaded may have nothing to pin."""
+  global _openmp_pinned
+  if _openmp_pinned: return
   import ctypes
   for name in OPENMP_RUNTIMES:
     try: ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NODELETE)
-    except OSError: continue  # not the runtime this compiler links
+    except OSError: continue  # not the runtime this compiler links, or not loaded yet
+    _openmp_pinned = True
 
 
 class CPUAllocator(Allocator):

@@ -228,6 +228,8 @@ def test_the_openmp_runtime_stays_mapped_when_every_kernel_library_is_unloaded()
              "from runtime.buffer import Buffer\n"
              "from rewrite.dtypes import dtypes\n"
              "cpu = get_device('CPU')\n"
+             # a library without a parallel loop first: it loads no OpenMP runtime, so there is nothing to pin yet
+             "cpu.build('void serial(float* x) { x[0] = 1; }', ['serial'])\n"
              f"add = cpu.build({ADD!r}, ['add'])['add']\n"
              "a = Buffer('CPU', 1 << 16, dtypes.float32).copyin(np.ones(1 << 16, dtype=np.float32))\n"
              "add(a.handle, a.handle, a.handle, 1 << 16)\n"
