@@ -1,9 +1,12 @@
 """opt_loops: interchange, parallel and simd records mark the loops that remain."""
 import numpy as np
+import pytest
 from numpy.testing import assert_allclose
 from tensor import Tensor
 from rules.opt import Opt, OptKind
 from tests.opt_helpers import lowered, run_with, loops
+
+pytestmark = pytest.mark.usefixtures("on_cpu")   # the CPU's optimization vocabulary, whatever DEVICE says
 
 rng = np.random.default_rng(3)
 a = rng.standard_normal((6, 10, 4), dtype=np.float32)

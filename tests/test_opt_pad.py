@@ -7,6 +7,8 @@ from tensor import Tensor
 from rules.opt import Opt, OptKind, InvalidPlan
 from tests.opt_helpers import lowered, run_with, loops
 
+pytestmark = pytest.mark.usefixtures("on_cpu")   # the CPU's optimization vocabulary, whatever DEVICE says
+
 rng = np.random.default_rng(4)
 a, b = rng.standard_normal((10, 12), dtype=np.float32), rng.standard_normal((12, 8), dtype=np.float32)
 

@@ -1,9 +1,12 @@
 """opt_split: a loop split by a `split` record becomes an outer loop and an inner tile loop nested inside the rest."""
 import numpy as np
+import pytest
 from numpy.testing import assert_allclose
 from tensor import Tensor
 from rules.opt import Opt, OptKind
 from tests.opt_helpers import lowered, run_with, loops
+
+pytestmark = pytest.mark.usefixtures("on_cpu")   # the CPU's optimization vocabulary, whatever DEVICE says
 
 rng = np.random.default_rng(0)
 a = rng.standard_normal((16, 24), dtype=np.float32)

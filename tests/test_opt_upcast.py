@@ -1,10 +1,13 @@
 """opt_upcast: an upcast loop part is unrolled into copies that share what does not depend on it."""
 import numpy as np
+import pytest
 from numpy.testing import assert_allclose
 from rewrite import Ops
 from tensor import Tensor
 from rules.opt import Opt, OptKind
 from tests.opt_helpers import lowered, run_with, loops
+
+pytestmark = pytest.mark.usefixtures("on_cpu")   # the CPU's optimization vocabulary, whatever DEVICE says
 
 rng = np.random.default_rng(1)
 a, b = rng.standard_normal((8, 12), dtype=np.float32), rng.standard_normal((12, 10), dtype=np.float32)

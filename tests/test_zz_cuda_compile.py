@@ -7,7 +7,6 @@ with the GPU's schedule stage too (`gpu_fuse`), without a GPU. It needs nvcc, no
 where nvcc is absent (`pytest -rs` shows it).
 """
 import itertools
-import math
 import numpy as np
 import pytest
 
@@ -27,16 +26,26 @@ pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (not on PAT
 ARCH = "sm_90"
 
 
+def random_tensors():
+  from tensor import Tensor
+  rng = np.random.default_rng(0)
+  return lambda *shape, dtype=np.float32: Tensor(rng.standard_normal(shape).astype(dtype), device="CPU")
+
+
+def long_reductions():
+  """Reductions of few, long rows: the ones a GPU may split into partials and their combine."""
+  t = random_tensors()
+  long, wide = t(1024, 1024), t(4, 65536)
+  return [long.sum(), long.max(), t(8192, 96).sum(0), wide.sum(1), wide.mean(1), (long > 0).any(), long.half().sum(),
+          (long * 4).int().sum()]
+
+
 def programs():
   """Tensor programs covering the kernel shapes the GPU stages tell apart, on the CPU (no GPU needed to schedule)."""
   from tensor import Tensor
-  rng = np.random.default_rng(0)
-  def t(*shape, dtype=np.float32): return Tensor(rng.standard_normal(shape).astype(dtype), device="CPU")
+  t = random_tensors()
   x, y, odd, big = t(32, 48), t(32, 48), t(7, 37), t(3, 5000)
   img, w = t(2, 3, 9, 9), t(4, 3, 3, 3)
-  long, wide = t(1024, 1024), t(4, 65536)
-  long_reductions = [long.sum(), long.max(), t(8192, 96).sum(0), wide.sum(1), wide.mean(1), (long > 0).any(),
-                     long.half().sum(), (long * 4).int().sum()]
   return [
     [((x * y + 1).exp() - x).relu(), x.sin() / y.sqrt().abs(), (x < y).where(x, y), x.maximum(y).clip(-1, 1), t(129, 200) * 2],
     [x.sum(1), x.sum(0), x.sum(), x.max(1), x.min(0), x.mean(), x.var(1), x.argmax(1), odd.sum(1), big.sum(1)],
@@ -50,17 +59,25 @@ def programs():
     [Tensor.rand(64, 33, seed=1, device="CPU"), Tensor.eye(5, device="CPU")],
     # few, long rows, one a group (reductions of one shape would share a kernel): each also split into partials and
     # their combine (below)
-    *([r] for r in long_reductions),
+    *([r] for r in long_reductions()),
   ]
+
+
+def gpu_schedule(tensors) -> list:
+  run = Run("CPU", parallel=False, device_loops=True)
+  kernels, _ = schedule([u.uop for u in tensors], [u.device for u in tensors], run)
+  return [k for k in kernels if k.op is Ops.KERNEL]
 
 
 def gpu_kernels_of(tensors) -> list:
   """The kernels of the tensors scheduled for a GPU, and for each reduction the GPU may split, its two kernels too."""
-  run = Run("CPU", parallel=False, device_loops=True)
-  kernels, _ = schedule([u.uop for u in tensors], [u.device for u in tensors], run)
-  kernels = [k for k in kernels if k.op is Ops.KERNEL]
+  kernels = gpu_schedule(tensors)
   split = [k2 for k in kernels if (opt := split_reduction_plan(k)) is not None for k2 in split_reduction(k, opt)[:2]]
   return [normalize(k)[0] for k in kernels + split]
+
+
+def test_the_long_reductions_are_split_so_their_two_kernels_are_compiled_too():
+  assert all(any(split_reduction_plan(k) is not None for k in gpu_schedule([r])) for r in long_reductions())
 
 
 def test_every_kernel_compiles_for_cuda(tmp_path):
