@@ -20,12 +20,12 @@ def main() -> None:
   import numpy as np
   from tensor import Tensor
   from runtime.realize import plan
-  print(f"{'workload':<10s} {'kernels':>7s} {'intermediates':>13s} {'unplanned MB':>12s} {'peak MB':>8s} {'ratio':>6s}")
+  print(f"{'workload':<10s} {'kernels':>7s} {'intermediates':>13s} {'unplanned MiB':>13s} {'peak MiB':>8s} {'ratio':>6s}")
   for name, model in MODELS.items():
     out = model(lambda shape: Tensor(np.zeros(shape, np.float32), device="CPU"))
     p = plan([(out.uop, out.device)])
     temps = sum(s[0] == "alloc" for s in p.steps)
-    print(f"{name:<10s} {len(p.kernels_called()):7d} {temps:13d} {p.unplanned_bytes / 2**20:12.2f} "
+    print(f"{name:<10s} {len(p.kernels_called()):7d} {temps:13d} {p.unplanned_bytes / 2**20:13.2f} "
           f"{p.peak_bytes / 2**20:8.2f} {p.unplanned_bytes / max(p.peak_bytes, 1):5.1f}x")
 
 
