@@ -101,7 +101,8 @@ def start_kernel_block(sink: UOp) -> UOp:
   for r in [r for r in stmts if r.op is Ops.REDUCE]:
     update = UOp(Ops.ASSIGN, r.dtype, (r,))
     chains[update] = chains[r.src[-1]]
-    updates.setdefault(r.src[0] if chains.get(r.src[0]) == chains[update] else None, []).append(update)
+    value = r.src[0]   # a statement, or a loop counter / constant (sum(arange(n))), which is no statement to follow
+    updates.setdefault(value if value.op not in _NOT_STATEMENTS and chains[value] == chains[update] else None, []).append(update)
   stmts = [m for n in stmts for m in (n, *updates.get(n, ()))] + updates.get(None, [])
   top: list[UOp] = []
   for chain, run in itertools.groupby(stmts, key=chains.__getitem__):

@@ -174,7 +174,7 @@ def kernels():
   x, w, img, q = T(33, 45), T(45, 64), T(2, 3, 8, 8), T(2, 20, 16)
   return {
     "elementwise_views": [((x * T(45) + 1).exp() - x).relu(), x.T.flip(0)[3:40:2] * 2, x.pad(((1, 2), (0, 1)))],
-    "reductions": [x.sum(1), x.max(0), x.sum(), T(4, 5, 6).sum((0, 2)), x.argmax(1)],
+    "reductions": [x.sum(1), x.max(0), x.sum(), T(4, 5, 6).sum((0, 2)), x.argmax(1), Tensor.arange(12).reshape(3, 4).sum(1)],
     "softmax_layernorm": [x.softmax(1), x.layernorm(1), x.std(1)],
     "matmul_conv": [x @ w, T(64, 128) @ T(96, 128).T, img.conv2d(T(4, 3, 3, 3), padding=1)],
     "attention": [(q @ q.transpose(-1, -2) / 4).softmax(-1) @ q],
@@ -208,6 +208,12 @@ def test_an_unrolled_tile_shares_one_reduction_loop():
   body = linear.src[linear.src.index(k) + 1:linear.src.index(UOp(Ops.END, src=(k,)))]
   updates = [i for i, u in enumerate(body) if u.op is Ops.ASSIGN]
   assert len(updates) == len(accs) and all(body[i - 1] is body[i].src[0].src[0] for i in updates)
+
+
+def test_a_sum_of_its_own_loop_counter_is_updated():
+  # the value added is the loop counter itself, which is no statement: its update goes at the end of the loop
+  assert Tensor.arange(100, device="CPU").sum().item() == 4950
+  np.testing.assert_array_equal(Tensor.arange(12, device="CPU").reshape(3, 4).sum(1).numpy(), [6, 22, 38])
 
 
 def test_rewrite_stats_name_each_linearize_rule_that_fires():
