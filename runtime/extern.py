@@ -25,6 +25,7 @@ GRAFT_EXTERN=0 turns routines off, =1 uses them wherever they apply; unset, the 
 from __future__ import annotations
 import functools, os, threading, warnings
 from typing import Callable
+from rules.host import INT32_MAX
 from runtime import pick
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
@@ -34,6 +35,7 @@ CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 68, -1
 ITEMSIZE = {"float32": 4, "float16": 2}
 CPU_ROUTINES = ("sgemm", "sgemm_batched")
 CUDA_ROUTINES = ("sgemm", "sgemm_batched", "hgemm", "hgemm_batched")
+ROUTINES = {"CPU": CPU_ROUTINES, "CUDA": CUDA_ROUTINES}
 _lock = threading.Lock()
 
 
@@ -43,11 +45,11 @@ def mode() -> str:
 
 
 def routines(device: str) -> tuple[str, ...]:
-  return {"CPU": CPU_ROUTINES, "CUDA": CUDA_ROUTINES}[device] if _gemm(device) is not None else ()
+  return ROUTINES[device] if _gemm(device) is not None else ()
 
 
 def routine(device: str, name: str) -> Callable | None:
-  return _gemm(device) if name in {"CPU": CPU_ROUTINES, "CUDA": CUDA_ROUTINES}[device] else None
+  return _gemm(device) if name in ROUTINES[device] else None
 
 
 def _gemm(device: str) -> Callable | None:
@@ -86,13 +88,14 @@ def _cpu_gemm(batch_strided: bool = True) -> Callable | None:
   def sgemm(handles: list[int], ext) -> None:
     p, c, a, b = operand_addresses(handles, ext)
     ta, tb = (CBLAS_NO_TRANS if p[t] == "N" else CBLAS_TRANS for t in ("trans_a", "trans_b"))
-    if p["batch"] > 1 and batched is not None and max(p["stride_a"], p["stride_b"], p["stride_c"]) <= 2 ** 31 - 1:
+    if p["batch"] > 1 and batched is not None and max(p["stride_a"], p["stride_b"], p["stride_c"]) <= INT32_MAX:
       batched(CBLAS_ROW_MAJOR, ta, tb, p["m"], p["n"], p["k"], 1.0, a, p["lda"], p["stride_a"], b, p["ldb"], p["stride_b"],
               0.0, c, p["ldc"], p["stride_c"], p["batch"])
       return
     for i in range(p["batch"]):
-      gemm(CBLAS_ROW_MAJOR, ta, tb, p["m"], p["n"], p["k"], 1.0, a + 4 * i * p["stride_a"], p["lda"],
-           b + 4 * i * p["stride_b"], p["ldb"], 0.0, c + 4 * i * p["stride_c"], p["ldc"])
+      step = ITEMSIZE["float32"] * i
+      gemm(CBLAS_ROW_MAJOR, ta, tb, p["m"], p["n"], p["k"], 1.0, a + step * p["stride_a"], p["lda"],
+           b + step * p["stride_b"], p["ldb"], 0.0, c + step * p["stride_c"], p["ldc"])
   sgemm.library = f"OpenBLAS ({scipy_openblas32.__name__} {scipy_openblas32.__version__})"  # type: ignore[attr-defined]
   return sgemm
 

@@ -77,7 +77,7 @@ class Program:
                      (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
       elif step.op is Ops.PICK:
         options = [(name, [(kernels[norm], [idx[i] for i in at]) for norm, at in calls]) for name, calls in step.arg.options]
-        self.steps.append(("pick", options, [None]))   # [choice]: None until the first run picks
+        self.steps.append(("pick", options, [None, ()]))   # [name, its calls]: None until the first run picks
         (_, first), others = options[0], options[1:]
         written = len(step.arg.options[0][1][0][0].src)
         scratch = [names[i] for i in idx[len(first[0][1]):]]
@@ -162,10 +162,11 @@ class Program:
     elif kind == "pick":
       _, options, choice = step
       if choice[0] is None:
-        choice[0], why = self._pick_option(options, handles)
-        self.ran.append(f"{' or '.join(name for name, _ in options)}: {choice[0]} ({why})")
+        name, why = self._pick_option(options, handles)
+        choice[:] = [name, dict(options)[name]]
+        self.ran.append(f"{' or '.join(name for name, _ in options)}: {name} ({why})")
       self._say_picks(debug)
-      for ck, idx in dict(options)[choice[0]]: _run_kernel(ck, [handles[i] for i in idx], debug)
+      for ck, idx in choice[1]: _run_kernel(ck, [handles[i] for i in idx], debug)
     else:
       _, ext, fn, ck, idx, choice = step
       args = [handles[i] for i in idx]
