@@ -40,11 +40,6 @@ def is_buffer_view(u: UOp) -> bool:
   return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.is_contiguous and u.arg.size == u.src[0].arg.size
 
 
-def holds_reduction(u: UOp) -> bool:
-  """u computes a reduction itself, not behind a buffer."""
-  return any(n.op is Ops.REDUCE_AXIS for n in _unrealized(u))
-
-
 def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(view.shape, view.strides))
 
 
@@ -56,59 +51,88 @@ class Realized:
   why: str
 
 
-def decide(x: UOp, why: str, device: str | None = None) -> UOp:
-  """x into a buffer, for a reason; the calling rule is named in the reason."""
+@dataclass
+class RealizeContext:
+  """The realize stage's context: each reduction decided into a buffer so far (the reduction -> its CONTIGUOUS)."""
+  reductions: dict[UOp, UOp] = field(default_factory=dict)
+  holds: dict[UOp, bool] = field(default_factory=dict)   # holds_reduction's answers: each node is asked once
+
+  def holds_reduction(self, u: UOp) -> bool:
+    """u computes a reduction itself, not behind a buffer. Remembered per node, so that asking at every VIEW of a long
+    chain costs the chain once, not once per VIEW."""
+    memo, stack = self.holds, [u]
+    while stack:
+      n = stack[-1]
+      if n in memo: stack.pop(); continue
+      if is_realized(n) or n.op is Ops.REDUCE_AXIS: memo[n] = n.op is Ops.REDUCE_AXIS; stack.pop(); continue
+      if todo := [s for s in n.src if s not in memo]: stack.extend(todo); continue
+      memo[n] = any(memo[s] for s in n.src)
+      stack.pop()
+    return memo[u]
+
+
+def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:
+  """x into a buffer, for a reason; the calling rule is named in the reason. A reduction decided before (each of its
+  readers may ask) is the buffer decided then: one buffer, and its graph is not walked again."""
+  if (done := ctx.reductions.get(x)) is not None: return done
   frame = sys._getframe(1)
   while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
   rule = frame.f_code
-  return UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(x),), Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+  out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
+            Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+  if x.op is Ops.REDUCE_AXIS: ctx.reductions[x] = out
+  return out
 
 
-def read_realized_reductions(x: UOp) -> UOp:
-  """x reading from its buffer each reduction that x's graph also computes into a buffer: attention's probabilities
-  exp(s - max(s)) / sum(...) read the scores s the max and the sum read, not a second product q @ k.T."""
-  realized = {n.src[0]: n for n in x.toposort if n.op is Ops.CONTIGUOUS and n.src[0].op is Ops.REDUCE_AXIS}
-  return substitute(x, realized) if realized else x
+def read_realized_reductions(ctx: RealizeContext, x: UOp) -> UOp:
+  """x reading from its buffer each reduction it computes itself that is also decided into a buffer: attention's
+  probabilities exp(s - max(s)) / sum(...) read the scores s the max and the sum read, not a second product q @ k.T.
+  Only the part of x not behind a buffer is looked at (the rest is computed elsewhere): linear over a realize."""
+  realized = {n: ctx.reductions[n] for n in _unrealized(x) if n is not x and n in ctx.reductions}
+  return substitute(x, realized, opaque=is_realized) if realized else x
 
 
-def _realize_output(sink: UOp) -> UOp | None:
+def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
   def output(s: UOp, device: str) -> UOp:
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
     # a user's contiguous() that is an output still lives on the output's device
     if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize"))
-    return decide(s, "an output of this realize", device)
+    return decide(ctx, s, "an output of this realize", device)
   srcs = tuple(output(s, sink.arg[i]) for i, s in enumerate(sink.src))
   return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
 
 
-def _realize_before_expand(v: UOp, x: UOp) -> UOp | None:
-  if x.op is Ops.CONTIGUOUS or not expands(v.arg) or not holds_reduction(x): return None
-  return v.replace(src=(decide(x, "a reduction read through an expand, computed once"),))
+def _realize_before_expand(ctx: RealizeContext, v: UOp, x: UOp) -> UOp | None:
+  if x.op is Ops.CONTIGUOUS or not expands(v.arg) or not ctx.holds_reduction(x): return None
+  return v.replace(src=(decide(ctx, x, "a reduction read through an expand, computed once"),))
 
 
-def _realize_reduction_inputs(r: UOp, x: UOp) -> UOp | None:
+def _realize_reduction_inputs(ctx: RealizeContext, r: UOp, x: UOp) -> UOp | None:
   # a reduction inside another is recomputed for every step of the outer one (attention's scores, once per max,
   # once per sum, once per output): computed once into a buffer instead
   inner = [n for n in _unrealized(x) if n.op is Ops.REDUCE_AXIS]
   if not inner: return None
-  swap = {n: decide(n, "a reduction read by another reduction, computed once") for n in inner}
-  return r.replace(src=(substitute(x, swap),))
+  swap = {n: decide(ctx, n, "a reduction read by another reduction, computed once") for n in inner}
+  return r.replace(src=(substitute(x, swap, opaque=is_realized),))
+
+
+def is_realized(u: UOp) -> bool: return u.op is Ops.BUFFER or u.op is Ops.CONTIGUOUS
 
 
 def _unrealized(u: UOp) -> list[UOp]:
-  """The nodes of u's graph not behind a buffer or a CONTIGUOUS."""
+  """The nodes of u's graph not behind a buffer or a CONTIGUOUS (`is_realized`)."""
   stack, seen, out = [u], set(), []
   while stack:
     n = stack.pop()
-    if n in seen or n.op in (Ops.BUFFER, Ops.CONTIGUOUS): continue
+    if n in seen or is_realized(n): continue
     seen.add(n); out.append(n)
     stack.extend(n.src)
   return out
 
 
-def _realize_copy_source(c: UOp, x: UOp) -> UOp | None:
+def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
   if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
-  return c.replace(src=(decide(x, "the source of a copy between devices", c.arg[0]),))
+  return c.replace(src=(decide(ctx, x, "the source of a copy between devices", c.arg[0]),))
 
 
 realize_rules = PatternMatcher([
