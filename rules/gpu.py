@@ -96,7 +96,6 @@ class FuseContext:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
     self.index = ScheduleIndex(schedule.src)
     self.current = list(self.index.kernels)
-    self.decisions, self.dropped, self.inlined = InOrder(), set(), []   # a schedule indexed anew is decided anew
 
 
 def _top_reductions(value: UOp) -> list[UOp]:
@@ -266,6 +265,7 @@ def kernel_loops(sink: UOp) -> list[UOp]:
 def check_grid_plan(plan: GridPlan, loops: list[UOp]) -> None:
   lanes, rows = plan.lanes, plan.rows_per_block
   for o in plan.opts:
+    if o.kind is GridKind.SPLIT: raise InvalidGridPlan(f"{o!r}: a split reduction is two kernels, the host stage's record, not one kernel's grid")
     if o.kind is GridKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
     if o.kind not in WHOLE_KERNEL and not 0 <= o.axis < len(loops): raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
     if o.kind is GridKind.BLOCK and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop is a row")

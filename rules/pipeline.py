@@ -9,6 +9,7 @@ one kernel at a time; "host" rewrites the host program (rules/host.py: steps, th
 `pipeline.replace` (see docs/rules.md).
 """
 from __future__ import annotations
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
@@ -119,7 +120,7 @@ class Pipeline:
     """Run `rules` instead of the rule set of the stage named `stage` (same place, scope and context)."""
     i = self.index(stage)
     old = self.stages[i]
-    self.stages[i] = Stage(old.name, rules, old.scope, old.make_ctx, old.top_down, _caller(), old.applies, old.prepare)
+    self.stages[i] = dataclasses.replace(old, rules=rules, origin=_caller())   # every other field kept, new ones too
     self.version += 1
     return self.stages[i]
 

@@ -236,7 +236,7 @@ class ScheduleIndex:
         n = stack[-1]
         if n in depth: stack.pop(); continue
         if todo := [d for d in needs[n] if d not in depth]:
-          if n in on_path or any(d in on_path for d in todo):  # only several writers of one buffer can make one
+          if any(d in on_path for d in todo):  # a cycle: only several writers of one buffer can make one
             raise ValueError(f"kernels {sorted(on_path | {n})} need one another: a buffer has several writers "
                              "and no order runs them")
           on_path.add(n); stack.extend(todo); continue

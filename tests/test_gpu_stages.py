@@ -326,3 +326,9 @@ def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fir
   forward = fused(list)
   assert len(kernels) == 3 and fused(lambda ks: ks[::-1]) == forward
   assert [k.op for k in forward] == [Ops.SINK, Ops.SINK, Ops.KERNEL]   # two dropped (spliced out), one kernel left
+
+
+def test_a_split_record_in_a_kernels_grid_plan_is_refused():
+  from rules.gpu import GridPlan, GridKind, InvalidGridPlan, check_grid_plan
+  from rules.opt import Opt
+  with pytest.raises(InvalidGridPlan, match="host stage's record"): check_grid_plan(GridPlan((Opt(GridKind.SPLIT, 1, 4),)), [])
