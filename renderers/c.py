@@ -131,7 +131,7 @@ def _vector_literal(ctx: RenderContext, v: UOp) -> str:
 
 
 def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
-  if red.dtype.count == 1: return None
+  if red.dtype.count == 1 or red.arg is Ops.NOOP: return None   # a carried accumulator: renderers/cstyle.py
   if red.arg is not Ops.ADD: raise TypeError(f"no vector accumulator of {red.arg}")
   return f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = ({ctx.lang.type(red.dtype)}){{0}};"
 

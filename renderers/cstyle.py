@@ -92,7 +92,25 @@ def loop_head(ctx: RenderContext, r: UOp) -> str:
   return f"for ({ctx.lang.type(r.dtype)} {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
 
 
+def _carried_accumulator(ctx: RenderContext, u: UOp) -> str:
+  """CARRY (rules/attention.py): the accumulator of the REDUCE whose value is NOOP(new value, this CARRY)."""
+  return next(ctx.names[r] for rs in ctx.accumulators.values() for r in rs if r.src[0].op is Ops.NOOP and r.src[0].src[1] is u)
+
+
+def _carry_init(ctx: RenderContext, red: UOp) -> str:
+  init = ctx.lang.literal(red.dtype.scalar, red.src[0].src[1].arg[1])
+  return init if red.dtype.count == 1 else f"(({ctx.lang.type(red.dtype)}){{{', '.join([init] * red.dtype.count)}}})"
+
+
+carried = UPat(Ops.REDUCE, name="red", arg=Ops.NOOP)
 cstyle_rules = PatternMatcher([
+  # a carried accumulator (rules/attention.py): declared with its initial value, read at the start of each step,
+  # assigned its new value at the end
+  (UPat(Ops.DEFINE_ACC, src=(carried,)), lambda ctx, red: f"{ctx.lang.type(red.dtype)} {ctx.names[red]} = {_carry_init(ctx, red)};",
+   "render_carried_accumulator"),
+  (UPat(Ops.ASSIGN, src=(carried,)), lambda ctx, red: f"{ctx.names[red]} = {ctx[red.src[0]]};", "render_carried_update"),
+  (UPat(Ops.CARRY, name="u"), _carried_accumulator),
+  (UPat(Ops.NOOP, name="u"), lambda ctx, u: ctx[u.src[0]], "render_value_after"),
   (UPat(Ops.CONST, name="c"), lambda ctx, c: ctx.lang.literal(c.dtype, c.arg), "render_const"),
   (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}", "render_define_global"),
   (UPat(Ops.INDEX, name="i"), lambda ctx, i: f"({ctx[i.src[0]]}+{ctx[i.src[1]]})", "render_index"),

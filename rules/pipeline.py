@@ -24,6 +24,7 @@ from .opt.plan import plan_rules, choose_plan
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
+from .attention import attention_rules, AttentionContext, online_softmax_lower_rules, unroll_head_rules, carry_vector_rules
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Run:
   opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage
   grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
   host: HostContext | None = None  # set by the runtime before the host stages run
+  attention: AttentionContext | None = None  # what the attention stage fused and why not (DEBUG=2)
 
 
 def _kernelize_ctx(run: Run) -> KernelizeContext:
@@ -78,6 +80,11 @@ def _grid_ctx(run: Run) -> GridContext:
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
+
+
+def _attention_ctx(run: Run) -> AttentionContext:
+  run.attention = AttentionContext(run.device_loops)
+  return run.attention
 
 
 def _on_device_loops(run: Run) -> bool: return run.device_loops
@@ -143,19 +150,22 @@ class Pipeline:
 
 
 pipeline = Pipeline([
+  # softmax(scores) @ values becomes one node of an online softmax, before anything decides buffers (rules/attention.py)
+  Stage("attention", attention_rules, "graph", _attention_ctx),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
-  Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
+  Stage("lower", online_softmax_lower_rules + lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
+  Stage("attention_rows", unroll_head_rules, "kernel", applies=_on_device_loops),
   Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   # the opt stage's plan is chosen by a policy (choose_plan) before its rule records it on the kernel
   Stage("opt", plan_rules, "kernel", opt_context, prepare=choose_plan),
-  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
+  *(Stage(name, carry_vector_rules + rules if name == "opt_vector" else rules, "kernel", opt_context) for name, rules in OPT_STAGES),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),

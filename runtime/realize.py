@@ -200,8 +200,8 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
       else: new_by_name[name_key] = ck
       new[key] = ck
     compiled[norm] = ck
-  explanations = run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) + \
-    (run.fuse.inlined if run.fuse else [])
+  explanations = (run.attention.notes if run.attention else []) + run.kernelize.explanations + \
+    (run.group.refused + run.group.merged if run.group else []) + (run.fuse.inlined if run.fuse else [])
   return _Lowered(host, compiled, new, returned, outputs, explanations)
 
 

@@ -52,6 +52,8 @@ def loads_of(u: UOp) -> list[UOp]: return [n for n in u.toposort if n.op is Ops.
 
 
 def heuristic_plan(sink: UOp, axes: list[UOp]) -> Plan:
+  from rules.attention import attention_plan   # a fused attention kernel has a plan of its own
+  if (plan := attention_plan(sink, axes)) is not None: return plan
   opts: list[Opt] = []
   ranges = open_ranges(sink)
   axis = {r: i for i, r in enumerate(axes)}

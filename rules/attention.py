@@ -1,0 +1,247 @@
+"""Fused attention: `softmax(scores) @ values` as ONE kernel with an online softmax (no Tq x Tk buffer).
+
+Recognized in the graph a user writes (tensor/nn.py): a matrix product `P @ V` is the sum over the last axis of
+`VIEW(P) * VIEW(V)` (shape (*batch, Tq, D, Tk)), and `P = softmax(S, -1)` is `e / sum(e)` with
+`e = exp2((S - max(S)) * log2(e))`. Whatever S is — `q @ k.T * scale`, plus an added mask, a masked_fill (a WHERE),
+a causal mask — it stays an ordinary tensor expression that the kernel evaluates at (query row, key).
+
+Stage `attention` (graph scope, before `realize`; rule set `attention_rules`, ctx `AttentionContext`). In: the user's
+tensor graph. Out: each such product whose tiles fit becomes `REDUCE_AXIS(values, scores, arg=(OnlineSoftmax, (axis,)))`,
+of the product's shape: out[..., i, d, 0] = sum_j softmax_j(scores[..., i, j]) * values[..., i, d, j]. Its scores hold
+the dot product as an inner reduction; the realize stage's rule for reductions read by reductions matches one source
+only, so the scores stay inline: no buffer of Tq x Tk. A product left unfused (half precision, a head dimension whose
+accumulator row does not fit, probabilities read through another view) says why in the context's notes (DEBUG=2).
+
+Stage `lower` (rule set `online_softmax_lower_rules`, in front of rules/lower.py's): the fused node, asked at
+(..., i, d, 0), becomes a loop over blocks of `block` keys that carries three accumulators (running max m, sum l,
+weighted sum a, all in base 2):
+
+    m' = max(m, max_jj s_jj)      c = exp2(m - m')      p_jj = exp2(s_jj - m')
+    l' = l * c + sum_jj p_jj      a' = a * c + sum_jj p_jj * v[jj, d]          result: a / l
+
+The keys of a block are a loop marked upcast, which rules/opt/upcast.py unrolls (a register tile of keys sharing the
+dot product's loop); a row entirely masked so far keeps m' = -inf, and its c and p are read against 0 (not NaN).
+A carried accumulator is three loop-level nodes: `CARRY(*deps, arg=(role, initial value))` is its value at the start
+of a step (deps: its loop and the values it follows, which keep copies for different outputs apart),
+`NOOP(new value, CARRY)` pairs the value it takes at the end of the step with it, and `REDUCE(NOOP, loop, arg=Ops.NOOP)`
+is its value after the loop. (`NOOP(x, *after)` elsewhere is x, computed after the rest: the result carries the
+running max's REDUCE that way, which nothing else reads.) The linearizer needs nothing new (the CARRY lies in its
+loop, before the NOOP); the renderers declare the accumulator, read it into a variable at CARRY and assign it.
+
+The head dimension d is unrolled, so that the scores, max and sum of a row are computed once per row, not per d:
+on the CPU by the kernel's plan (`attention_plan`: d in vector lanes and upcast copies, the outermost other loop on
+threads, the dot product's loop `simd`), on a GPU by stage `attention_rows` (rule set `unroll_head_rules`, before
+stage `gpu`): one thread a query row, its accumulator row in registers.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, field
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, graph_rewrite, substitute
+from .shapes import shape_of
+from .strided_view import View
+from .lower import LowerContext, indexed
+from .opt.plan import Opt, OptKind, Plan
+from .opt.upcast import upcast_rules
+
+LOG2_E = 1 / math.log(2)
+BLOCK = 8              # keys per step of the online update (a register tile of dot products)
+MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+  """arg[0] of a fused attention node: the keys per step of its online softmax."""
+  block: int
+  def __repr__(self): return f"online_softmax(block={self.block})"
+
+
+@dataclass
+class AttentionContext:
+  """The attention stage's context: whether the device maps loops onto its threads, and what it decided (DEBUG=2)."""
+  device_loops: bool = False
+  notes: list[str] = field(default_factory=list)
+  def note(self, why: str):
+    if why not in self.notes: self.notes.append(why)
+
+
+# ---- recognizing softmax(S) @ V ----
+def _is_log2e(u: UOp) -> bool:
+  while u.op is Ops.VIEW: u = u.src[0]
+  return u.op is Ops.CONST and abs(u.arg - LOG2_E) < 1e-12
+
+
+def _reduced_back(view: UOp, x: UOp, op: Ops, axis: int) -> bool:
+  """view is reduce(x) over `axis` (kept), broadcast back to x's shape."""
+  if view.op is not Ops.VIEW or (r := view.src[0]).op is not Ops.REDUCE_AXIS or r.arg != (op, (axis,)) or r.src[0] is not x:
+    return False
+  return view.arg == View.contiguous(shape_of(r)).expand(shape_of(x))
+
+
+def softmax_scores(p: UOp) -> UOp | None:
+  """S when p is softmax(S) over its last axis, as tensor/nn.py builds it; else None."""
+  if p.op is not Ops.FDIV or (e := p.src[0]).op is not Ops.EXP2 or e.src[0].op is not Ops.MUL: return None
+  last = len(shape_of(p)) - 1
+  if not _reduced_back(p.src[1], e, Ops.ADD, last): return None
+  x, c = e.src[0].src if _is_log2e(e.src[0].src[1]) else e.src[0].src[::-1]
+  if not _is_log2e(c) or x.op is not Ops.ADD: return None
+  for s, neg in (x.src, x.src[::-1]):
+    if neg.op is Ops.NEG and _reduced_back(neg.src[0], s, Ops.MAX, last): return s
+  return None
+
+
+def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
+  """sum_j P[..., i, j] * V[..., j, d] with P = softmax(S): one node of an online softmax, where its tiles fit."""
+  for pv, values in (prod.src, prod.src[::-1]):
+    if pv.op is Ops.VIEW and (scores := softmax_scores(pv.src[0])) is not None: break
+  else: return None
+  shape, p_shape = shape_of(prod), shape_of(pv.src[0])
+  *batch, tq, d, tk = shape
+  what = f"softmax(scores {p_shape}) @ values (head dimension {d})"
+  expected = View.contiguous(p_shape).reshape((*p_shape[:-1], 1, p_shape[-1]))
+  if len(shape) < 3 or expected is None or tuple(p_shape) != (*batch, tq, tk) or pv.arg != expected.expand(shape):
+    ctx.note(f"attention not fused: {what}: the probabilities are read through a view other than a matrix product's")
+    return None
+  if r.dtype is not dtypes.float32 or scores.dtype is not dtypes.float32:
+    ctx.note(f"attention not fused: {what}: {r.dtype.name} (only float32 has a fused kernel so far); three kernels instead")
+    return None
+  if d > MAX_HEAD[ctx.device_loops]:
+    ctx.note(f"attention not fused: {what}: a row of {d} accumulators does not fit "
+             f"({'registers of a GPU thread' if ctx.device_loops else 'the register tile'}: at most {MAX_HEAD[ctx.device_loops]}); three kernels instead")
+    return None
+  block = min(BLOCK, tk)
+  ctx.note(f"attention fused: {what} is one kernel, an online softmax over blocks of {block} keys (no {tq}x{tk} buffer)")
+  return UOp(Ops.REDUCE_AXIS, r.dtype, (values, scores), (OnlineSoftmax(block), r.arg[1]))
+
+
+attention_rules = PatternMatcher([
+  (UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(Ops.MUL, name="prod"),)),
+   lambda ctx, r, prod: fuse_attention(ctx, r, prod) if r.arg == (Ops.ADD, (len(shape_of(prod)) - 1,)) else None),
+], name="attention")
+
+
+# ---- lowering: the online softmax loop ----
+def carried(dtype, arg: tuple, *deps: UOp) -> UOp: return UOp(Ops.CARRY, dtype, deps, arg)
+
+
+def carry(value: UOp, acc: UOp, loop: UOp) -> UOp:
+  """The accumulator `acc` (a CARRY) takes `value` at the end of each step of `loop`; its value after the loop."""
+  return UOp(Ops.REDUCE, value.dtype, (UOp(Ops.NOOP, value.dtype, (value, acc)), loop), Ops.NOOP)
+
+
+def lower_online_softmax(ctx: LowerContext, i: UOp, r: UOp, values: UOp, scores: UOp) -> UOp:
+  osm, (axis,) = r.arg
+  tk, block, dt = shape_of(values)[axis], r.arg[0].block, r.dtype
+  idxs = list(i.src[1:])   # (*batch, query row, d, 0)
+  steps = -(-tk // block)
+  outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, steps),), ("reduce", next(ctx.reduce_ranges))) if steps > 1 else None
+  inner = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, block),),
+              ("reduce", (1, next(ctx.reduce_ranges)), ("upcast", block))) if block > 1 else UOp.const(dtypes.index, 0)
+  key = inner if outer is None else outer * block + inner
+  inf = UOp.const(dt, -math.inf)
+  valid = key < tk if steps * block != tk else None   # a last block past the end: its keys masked, reads clamped
+  if valid is not None: key = valid.where(key, UOp.const(dtypes.index, tk - 1))
+  s = indexed(scores, [*idxs[:-2], key]) * LOG2_E
+  if valid is not None: s = valid.where(s, inf)
+  v = indexed(values, [*idxs[:-1], key])
+  over_block = (lambda x, op: UOp(Ops.REDUCE, dt, (x, inner), op)) if block > 1 else (lambda x, op: x)
+  block_max = over_block(s, Ops.MAX)
+  m = carried(dt, ("max", -math.inf), outer, block_max) if outer is not None else inf
+  m_new = m.maximum(block_max)
+  m_safe = m_new.ne(inf).where(m_new, UOp.const(dt, 0))   # a row masked so far: exp2(-inf - 0) = 0, not NaN
+  c = UOp(Ops.EXP2, dt, (m - m_safe,))
+  p = UOp(Ops.EXP2, dt, (s - m_safe,))
+  block_sum, block_acc = over_block(p, Ops.ADD), over_block(p * v, Ops.ADD)
+  if outer is None: return block_acc / block_sum
+  l, a = carried(dt, ("sum", 0.0), outer, block_max), carried(dt, ("acc", 0.0, shape_of(values)[-2]), outer, block_acc)
+  result = carry(a * c + block_acc, a, outer) / carry(l * c + block_sum, l, outer)
+  return UOp(Ops.NOOP, dt, (result, carry(m_new, m, outer)))   # the running max is updated each step too
+
+
+online_softmax_lower_rules = PatternMatcher([
+  (UPat(Ops.INDEXED, name="i", src=(UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(name="values"), UPat(name="scores"))),),
+        allow_any_len=True),
+   lambda ctx, i, r, values, scores: lower_online_softmax(ctx, i, r, values, scores) if isinstance(r.arg[0], OnlineSoftmax) else None),
+], name="lower_online_softmax")
+
+
+# ---- the head dimension, unrolled: which loop is it ----
+def carried_reductions(sink: UOp) -> list[UOp]:
+  return [n for n in sink.toposort if n.op is Ops.REDUCE and n.arg is Ops.NOOP]
+
+
+def head_size(sink: UOp) -> int | None:
+  """D of a fused attention kernel (its weighted sum's CARRY records it), None for any other kernel."""
+  return next((n.arg[2] for n in sink.toposort if n.op is Ops.CARRY and n.arg[0] == "acc"), None)
+
+
+def _role(red: UOp) -> str: return red.src[0].src[1].arg[0]
+
+
+def split_head(r: UOp, d: int) -> tuple[UOp, UOp]:
+  """(r as outer * d + inner, inner): the inner D of loop r as an unrolled part (rules/opt/upcast.py)."""
+  n = r.src[0].arg
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, d),), ("out", (1, r.arg[1]), ("upcast", d)))
+  return (r.replace(src=(UOp.const(r.dtype, n // d),)) * d if n > d else UOp.const(r.dtype, 0)) + inner, inner
+
+
+def head_loop(sink: UOp) -> UOp | None:
+  """The output loop whose inner D steps along the head dimension: the weighted sums depend on its inner part, the
+  running sums do not (a loop of D, or of H*D where heads are stored side by side: the sums read its outer part).
+  Found by trying: the loop split, the running sum simplified (rules/symbolic.py) must no longer read the inner part."""
+  from .symbolic import symbolic_rules
+  if (d := head_size(sink)) is None: return None
+  sums = [red for red in carried_reductions(sink) if _role(red) == "sum"]
+  accs = [red for red in carried_reductions(sink) if _role(red) == "acc"]
+  for r in (n for n in accs[0].toposort if n.op is Ops.RANGE and n.arg[0] == "out" and n.src[0].arg % d == 0):
+    split, inner = split_head(r, d)
+    if not any(inner in graph_rewrite(substitute(red, {r: split}), symbolic_rules, name="attention.head_probe").toposort for red in sums):
+      return r
+  return None
+
+
+def unroll_head(sink: UOp) -> UOp | None:
+  """GPU: the head loop's inner D becomes unrolled copies (and so do the keys of a block), before the grid is planned:
+  a thread then computes a query row's scores once for its whole accumulator row."""
+  from .symbolic import symbolic_rules
+  if isinstance(sink.arg, Plan) or (h := head_loop(sink)) is None: return None
+  split, _ = split_head(h, head_size(sink))
+  return graph_rewrite(graph_rewrite(substitute(sink, {h: split}), upcast_rules, name="attention_rows"), symbolic_rules, name="attention_rows")
+
+
+unroll_head_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), unroll_head)], name="attention_rows")
+
+
+# ---- vector lanes of a carried accumulator (CPU: the head loop's lanes; in front of rules/opt/vector.py's) ----
+def _vector_of(x: UOp, value: UOp) -> UOp | None:
+  return x.replace(dtype=value.dtype) if x.dtype.count == 1 and value.dtype.count > 1 else None
+
+
+carry_vector_rules = PatternMatcher([
+  # an accumulator row in lanes: what it follows is a vector, so is it
+  (UPat(Ops.CARRY, name="x"), lambda x: next((x.replace(dtype=s.dtype) for s in x.src if s.dtype.count > 1 and x.dtype.count == 1), None),
+   "carry_vector"),
+  (UPat(Ops.NOOP, name="x"), lambda x: _vector_of(x, x.src[0]), "value_after_vector"),
+  (UPat(Ops.REDUCE, name="x", arg=Ops.NOOP), lambda x: _vector_of(x, x.src[0]), "carried_reduce_vector"),
+], name="opt_vector_carry")
+
+
+# ---- the CPU plan of a fused attention kernel ----
+def attention_plan(sink: UOp, axes: list[UOp]) -> Plan | None:
+  """The plan of a fused attention kernel (None for any other kernel): the head loop in vector lanes and unrolled
+  copies (one accumulator row of registers per query row), the outermost other output loop on threads, the dot
+  product's loop `simd`. The head loop may be H*D long (heads side by side): its inner D is unrolled."""
+  from .opt.heuristic import vector_width
+  if (head := head_size(sink)) is None: return None
+  axis = {r: n for n, r in enumerate(axes)}
+  opts = []
+  if (h := head_loop(sink)) is not None:
+    width = vector_width(4)
+    while width > 1 and head % width: width //= 2
+    if width > 1: opts.append(Opt(OptKind.VECTOR, axis[h], width))
+    if head // width > 1: opts.append(Opt(OptKind.UPCAST, axis[h], head // width))
+  outs = [r for r in axes if r.arg[0] == "out" and r is not h]
+  if outs: opts.append(Opt(OptKind.PARALLEL, axis[outs[0]]))
+  carry_loops = {r for red in carried_reductions(sink) for r in red.src[1:]}
+  for r in axes:
+    if r.arg[0] == "reduce" and r not in carry_loops and not isinstance(r.arg[-1], tuple): opts.append(Opt(OptKind.SIMD, axis[r]))
+  return Plan(tuple(opts), "attention")
