@@ -30,8 +30,9 @@ loop, before the NOOP); the renderers declare the accumulator, read it into a va
 
 The head dimension d is unrolled, so that the scores, max and sum of a row are computed once per row, not per d:
 on the CPU by the kernel's plan (`attention_plan`: d in vector lanes and upcast copies, the outermost other loop on
-threads, the dot product's loop `simd`), on a GPU by stage `attention_rows` (rule set `unroll_head_rules`, before
-stage `gpu`): one thread a query row, its accumulator row in registers.
+threads, the dot product's loop `simd`), on a GPU by stage `attention_rows` (rule set `head_loop_rules`, before
+stage `gpu`): one thread a query row, its accumulator row in registers. Where heads are stored side by side (a loop
+of H*D), that stage splits off the inner D on the CPU too.
 """
 from __future__ import annotations
 import math
@@ -133,10 +134,11 @@ def lower_online_softmax(ctx: LowerContext, i: UOp, r: UOp, values: UOp, scores:
   tk, block, dt = shape_of(values)[axis], r.arg[0].block, r.dtype
   idxs = list(i.src[1:])   # (*batch, query row, d, 0)
   steps = -(-tk // block)
-  outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, steps),), ("reduce", next(ctx.reduce_ranges))) if steps > 1 else None
+  # the loop over blocks is a loop even when it has one step: the kernel keeps one form (and its plan) for any length
+  outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, steps),), ("reduce", next(ctx.reduce_ranges)))
   inner = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, block),),
               ("reduce", (1, next(ctx.reduce_ranges)), ("upcast", block))) if block > 1 else UOp.const(dtypes.index, 0)
-  key = inner if outer is None else outer * block + inner
+  key = outer * block + inner
   inf = UOp.const(dt, -math.inf)
   valid = key < tk if steps * block != tk else None   # a last block past the end: its keys masked, reads clamped
   if valid is not None: key = valid.where(key, UOp.const(dtypes.index, tk - 1))
@@ -145,13 +147,12 @@ def lower_online_softmax(ctx: LowerContext, i: UOp, r: UOp, values: UOp, scores:
   v = indexed(values, [*idxs[:-1], key])
   over_block = (lambda x, op: UOp(Ops.REDUCE, dt, (x, inner), op)) if block > 1 else (lambda x, op: x)
   block_max = over_block(s, Ops.MAX)
-  m = carried(dt, ("max", -math.inf), outer, block_max) if outer is not None else inf
+  m = carried(dt, ("max", -math.inf), outer, block_max)
   m_new = m.maximum(block_max)
   m_safe = m_new.ne(inf).where(m_new, UOp.const(dt, 0))   # a row masked so far: exp2(-inf - 0) = 0, not NaN
   c = UOp(Ops.EXP2, dt, (m - m_safe,))
   p = UOp(Ops.EXP2, dt, (s - m_safe,))
   block_sum, block_acc = over_block(p, Ops.ADD), over_block(p * v, Ops.ADD)
-  if outer is None: return block_acc / block_sum
   l, a = carried(dt, ("sum", 0.0), outer, block_max), carried(dt, ("acc", 0.0, shape_of(values)[-2]), outer, block_acc)
   result = carry(a * c + block_acc, a, outer) / carry(l * c + block_sum, l, outer)
   return UOp(Ops.NOOP, dt, (result, carry(m_new, m, outer)))   # the running max is updated each step too
@@ -177,10 +178,11 @@ def head_size(sink: UOp) -> int | None:
 def _role(red: UOp) -> str: return red.src[0].src[1].arg[0]
 
 
-def split_head(r: UOp, d: int) -> tuple[UOp, UOp]:
-  """(r as outer * d + inner, inner): the inner D of loop r as an unrolled part (rules/opt/upcast.py)."""
+def split_head(r: UOp, d: int, unrolled: bool) -> tuple[UOp, UOp]:
+  """(r as outer * d + inner, inner): the inner D of loop r, a loop of its own (nested inside the others) or an
+  unrolled part (rules/opt/upcast.py)."""
   n = r.src[0].arg
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, d),), ("out", (1, r.arg[1]), ("upcast", d)))
+  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, d),), ("out", (1, r.arg[1]), *((("upcast", d),) if unrolled else ())))
   return (r.replace(src=(UOp.const(r.dtype, n // d),)) * d if n > d else UOp.const(r.dtype, 0)) + inner, inner
 
 
@@ -193,22 +195,26 @@ def head_loop(sink: UOp) -> UOp | None:
   sums = [red for red in carried_reductions(sink) if _role(red) == "sum"]
   accs = [red for red in carried_reductions(sink) if _role(red) == "acc"]
   for r in (n for n in accs[0].toposort if n.op is Ops.RANGE and n.arg[0] == "out" and n.src[0].arg % d == 0):
-    split, inner = split_head(r, d)
+    split, inner = split_head(r, d, True)
     if not any(inner in graph_rewrite(substitute(red, {r: split}), symbolic_rules, name="attention.head_probe").toposort for red in sums):
       return r
   return None
 
 
-def unroll_head(sink: UOp) -> UOp | None:
-  """GPU: the head loop's inner D becomes unrolled copies (and so do the keys of a block), before the grid is planned:
-  a thread then computes a query row's scores once for its whole accumulator row."""
+def split_head_loop(ctx: AttentionContext, sink: UOp) -> UOp | None:
+  """The head loop's inner D becomes a loop of its own where heads are stored side by side (H*D), its index arithmetic
+  simplified, so that the plan (CPU) can put exactly the head dimension in vector lanes. On a GPU the inner D is
+  unrolled (and so are the keys of a block), before the grid is planned: a thread computes a query row's scores once
+  for its whole accumulator row, held in registers."""
   from .symbolic import symbolic_rules
-  if isinstance(sink.arg, Plan) or (h := head_loop(sink)) is None: return None
-  split, _ = split_head(h, head_size(sink))
-  return graph_rewrite(graph_rewrite(substitute(sink, {h: split}), upcast_rules, name="attention_rows"), symbolic_rules, name="attention_rows")
+  if (h := head_loop(sink)) is None or (d := head_size(sink)) is None or (not ctx.device_loops and h.src[0].arg == d): return None
+  split, _ = split_head(h, d, ctx.device_loops)
+  sink = substitute(sink, {h: split})
+  if ctx.device_loops: sink = graph_rewrite(sink, upcast_rules, name="attention_rows")
+  return graph_rewrite(sink, symbolic_rules, name="attention_rows")
 
 
-unroll_head_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), unroll_head)], name="attention_rows")
+head_loop_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), split_head_loop)], name="attention_rows")
 
 
 # ---- vector lanes of a carried accumulator (CPU: the head loop's lanes; in front of rules/opt/vector.py's) ----

@@ -24,7 +24,7 @@ from .opt.plan import plan_rules, choose_plan
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
-from .attention import attention_rules, AttentionContext, online_softmax_lower_rules, unroll_head_rules, carry_vector_rules
+from .attention import attention_rules, AttentionContext, online_softmax_lower_rules, head_loop_rules, carry_vector_rules
 
 
 @dataclass
@@ -159,7 +159,7 @@ pipeline = Pipeline([
   Stage("views", view_rules, "kernel"),
   Stage("lower", online_softmax_lower_rules + lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
-  Stage("attention_rows", unroll_head_rules, "kernel", applies=_on_device_loops),
+  Stage("attention_rows", head_loop_rules, "kernel", lambda run: AttentionContext(run.device_loops)),
   Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),

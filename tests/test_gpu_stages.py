@@ -65,10 +65,14 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
         else: del loop_start[r]
       elif u.op is Ops.DEFINE_ACC:
         red = u.src[0]
-        val[red] = np.array(0 if red.arg is Ops.ADD else dtypes.min(red.dtype), red.dtype.np)
-      elif u.op is Ops.ASSIGN:
+        init = red.src[0].src[1].arg[1] if red.arg is Ops.NOOP else 0 if red.arg is Ops.ADD else dtypes.min(red.dtype)
+        val[red] = np.array(init, red.dtype.np)
+      elif u.op is Ops.ASSIGN:   # a carried accumulator (REDUCE of NOOP, rules/attention.py) takes its new value
         red = u.src[0]
-        val[red] = ALU[red.arg](val[red], v(red.src[0])).astype(red.dtype.np)
+        new = v(red.src[0]) if red.arg is Ops.NOOP else ALU[red.arg](val[red], v(red.src[0]))
+        val[red] = np.asarray(new).astype(red.dtype.np)
+      elif u.op is Ops.CARRY: val[u] = next(val[r] for r in val if getattr(r, "op", None) is Ops.REDUCE and r.arg is Ops.NOOP and r.src[0].src[1] is u)
+      elif u.op is Ops.NOOP: val[u] = v(u.src[0])
       elif u.op is Ops.REDUCE: pass  # its value is its accumulator
       elif u.op is Ops.BARRIER:
         (op, lanes), x = u.arg, np.broadcast_to(v(u.src[0]), shape)

@@ -1,0 +1,202 @@
+"""Fused attention (rules/attention.py): softmax(q @ k.T * s + mask) @ v, as a user writes it, is one kernel with an
+online softmax: checked against numpy (and torch where installed) for masks, odd lengths, batch and head shapes, on
+the CPU and in the numpy model of a GPU grid; the fallback says why; no Tq x Tk buffer exists; CUDA compiles."""
+import math, shutil, subprocess
+import numpy as np
+import pytest
+from tensor import Tensor
+from rewrite import dtypes
+from runtime.realize import last_program, plan
+from rules.attention import MAX_HEAD, BLOCK
+from test_gpu_stages import run_on_model_gpu
+
+rng = np.random.default_rng(21)
+
+
+def randn(*shape): return rng.standard_normal(shape).astype(np.float32)
+
+
+def attention(q, k, v, mask=None, scale=None):
+  """What a user writes; works on Tensors and numpy arrays alike (the reference)."""
+  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+  kt = k.transpose(-1, -2) if isinstance(k, Tensor) else np.swapaxes(k, -1, -2)
+  s = (q @ kt) * scale
+  if mask is not None: s = s + mask
+  if isinstance(s, Tensor): return s.softmax(-1) @ v
+  with np.errstate(invalid="ignore"):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def causal(tq, tk):
+  return np.triu(np.full((tq, tk), -np.inf, np.float32), 1 + tk - tq)
+
+
+def kernel_calls(program) -> int: return sum(1 for s in program.steps if s[0] in ("call", "extern", "pick"))
+
+
+def run_fused(q, k, v, mask=None, scale=None):
+  ts = [Tensor(x) for x in (q, k, v)] + ([Tensor(mask)] if mask is not None else [])
+  out = attention(*ts[:3], ts[3] if mask is not None else None, scale).numpy()
+  program = last_program()
+  assert kernel_calls(program) == 1 and program.unplanned_bytes == 0, str(program)   # one kernel, no intermediate
+  return out
+
+
+CASES = [  # (q shape, k/v length, head dimension of v, mask)
+  ((2, 37, 16), 37, 16, None),               # an odd length: the last block of keys is partly past the end
+  ((8, 64, 64), 64, 64, "causal"),
+  ((2, 3, 50, 24), 50, 24, "causal"),        # batch and heads; D = 24: vectors of 8
+  ((1, 1, 9), 20, 9, "additive"),            # one query row, Tq != Tk, a head dimension of 9 (no vector width)
+  ((3, 10, 8), 23, 32, "additive"),          # cross attention, values wider than queries
+  ((2, 5, 4), 5, 4, None),                   # fewer keys than a block
+  ((2, 33, 16), 33, 16, "first_block_masked"),  # rows whose first blocks are masked whole: no NaN from -inf - -inf
+]
+
+
+def make_case(qshape, tk, dv, mask):
+  *batch, tq, d = qshape
+  q, k, v = randn(*qshape), randn(*batch, tk, d), randn(*batch, tk, dv)
+  if mask == "causal": m = causal(tq, tk)
+  elif mask == "additive": m = randn(tq, tk)
+  elif mask == "first_block_masked":
+    m = np.zeros((tq, tk), np.float32)
+    m[: tq // 2, :20] = -np.inf   # rows 0..tq/2 see only keys 20.. (the first two blocks of 8 entirely masked)
+  else: m = None
+  return q, k, v, m
+
+
+@pytest.mark.parametrize("qshape,tk,dv,mask", CASES)
+def test_fused_attention_matches_numpy(qshape, tk, dv, mask):
+  q, k, v, m = make_case(qshape, tk, dv, mask)
+  np.testing.assert_allclose(run_fused(q, k, v, m), attention(q, k, v, m), rtol=2e-5, atol=2e-5)
+
+
+def test_fused_attention_matches_torch():
+  torch = pytest.importorskip("torch")
+  q, k, v = randn(2, 4, 70, 32), randn(2, 4, 70, 32), randn(2, 4, 70, 32)
+  m = causal(70, 70)
+  want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(m))
+  np.testing.assert_allclose(run_fused(q, k, v, m), want.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def softmax_np(s):
+  e = np.exp(s - s.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_scale_and_mask_in_any_form_a_user_writes():
+  q, k, v = randn(2, 40, 16), randn(2, 40, 16), randn(2, 40, 16)
+  mask = np.where(np.tril(np.ones((40, 40), bool)), 0, -1e9).astype(np.float32)
+  got = ((Tensor(q) @ Tensor(k).transpose(-1, -2) + Tensor(mask)) / 4).softmax(-1) @ Tensor(v)   # masked, then divided
+  assert kernel_calls(plan([(got.uop, "CPU")])) == 1
+  np.testing.assert_allclose(got.numpy(), softmax_np((q @ k.transpose(0, 2, 1) + mask) / 4) @ v, rtol=2e-5, atol=2e-5)
+
+
+def test_heads_stored_side_by_side_get_the_head_dimension_unrolled():
+  # (B, H, T, D) attention written back as (B, T, H*D): the kernel's head loop is H*D long; its inner D is unrolled
+  b, h, t, d = 2, 3, 24, 16
+  q, k, v = randn(b, h, t, d), randn(b, h, t, d), randn(b, h, t, d)
+  out = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(causal(t, t))).permute(0, 2, 1, 3).reshape(b, t, h * d)
+  np.testing.assert_allclose(out.numpy(), attention(q, k, v, causal(t, t)).transpose(0, 2, 1, 3).reshape(b, t, h * d),
+                             rtol=2e-5, atol=2e-5)
+  assert kernel_calls(last_program()) == 1
+
+
+def test_a_fully_masked_row_is_nan_as_in_numpy():
+  q, k, v = randn(1, 4, 8), randn(1, 4, 8), randn(1, 4, 8)
+  m = np.zeros((4, 4), np.float32)
+  m[2] = -np.inf
+  got = run_fused(q, k, v, m)
+  assert np.isnan(got[0, 2]).all() and np.isfinite(np.delete(got[0], 2, 0)).all()
+  np.testing.assert_allclose(np.delete(got[0], 2, 0), np.delete(attention(q, k, v, m)[0], 2, 0), rtol=2e-5, atol=2e-5)
+
+
+def test_no_tq_by_tk_buffer_at_4096():
+  q, k, v = (Tensor(np.zeros((1, 4096, 64), np.float32)) for _ in range(3))
+  program = plan([(attention(q, k, v, Tensor(causal(4096, 4096))).uop, "CPU")])
+  assert kernel_calls(program) == 1 and program.unplanned_bytes == 0, str(program)
+  assert "4096x4096" not in str(program) and all(s[0] != "alloc" for s in program.steps)
+
+
+def test_the_unfused_form_without_the_rule_gives_the_same_values():
+  # the three kernels the graph makes without the rule (scores, probabilities, product) as the reference of the rule
+  from rules.pipeline import pipeline
+  q, k, v, m = make_case((2, 30, 16), 30, 16, "causal")
+  fused = run_fused(q, k, v, m)
+  stage = pipeline.remove("attention")
+  try:
+    unfused = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(m)).numpy()
+    assert kernel_calls(last_program()) >= 3
+  finally:
+    pipeline.stages.insert(0, stage)
+    pipeline.version += 1
+  np.testing.assert_allclose(fused, unfused, rtol=2e-5, atol=2e-5)
+
+
+def debug2_lines(monkeypatch, capsys, t: Tensor) -> str:
+  monkeypatch.setenv("DEBUG", "2")
+  t.numpy()
+  return capsys.readouterr().out
+
+
+def test_debug2_says_what_was_fused(monkeypatch, capsys):
+  q, k, v = (Tensor(randn(2, 20, 8)) for _ in range(3))
+  out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
+  assert "attention fused: softmax(scores (2, 20, 20)) @ values (head dimension 8) is one kernel" in out
+  assert "no 20x20 buffer" in out
+
+
+def test_half_precision_is_not_fused_and_still_right():
+  # float16 softmax and products widen to float32 inside (tensor/nn.py): a graph of its own, not recognized yet
+  q, k, v = randn(2, 20, 8), randn(2, 20, 8), randn(2, 20, 8)
+  t = attention(*(Tensor(x).cast(dtypes.float16) for x in (q, k, v)))
+  np.testing.assert_allclose(t.numpy().astype(np.float32), attention(q, k, v), rtol=2e-2, atol=2e-2)
+  assert kernel_calls(last_program()) >= 3
+
+
+def test_a_head_dimension_too_wide_for_registers_falls_back_and_says_why(monkeypatch, capsys):
+  d = MAX_HEAD[False] + 8
+  q, k, v = randn(1, 6, 4), randn(1, 6, 4), randn(1, 6, d)
+  t = attention(Tensor(q), Tensor(k), Tensor(v))
+  out = debug2_lines(monkeypatch, capsys, t)
+  assert f"a row of {d} accumulators does not fit" in out
+  assert kernel_calls(last_program()) >= 2
+  np.testing.assert_allclose(t.numpy(), attention(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+def test_a_softmax_not_over_the_keys_is_not_attention():
+  # softmax over the query axis, then a product: not an online softmax over the product's reduced axis
+  q, k, v = randn(2, 12, 8), randn(2, 12, 8), randn(2, 12, 8)
+  qt, kt, vt = Tensor(q), Tensor(k), Tensor(v)
+  got = (qt @ kt.transpose(-1, -2)).softmax(1) @ vt
+  np.testing.assert_allclose(got.numpy(), softmax_np((q @ k.transpose(0, 2, 1)).swapaxes(1, 2)).swapaxes(1, 2) @ v, rtol=2e-5, atol=2e-5)
+  assert kernel_calls(last_program()) >= 2
+
+
+# ---- the GPU: the same kernel in the numpy model of a CUDA grid, and its source through nvcc ----
+@pytest.mark.parametrize("qshape,tk,dv,mask", CASES[:5])
+def test_fused_attention_in_the_model_gpu_grid(qshape, tk, dv, mask):
+  q, k, v, m = make_case(qshape, tk, dv, mask)
+  got = run_on_model_gpu(attention(*(Tensor(x, device="CPU") for x in (q, k, v)), None if m is None else Tensor(m, device="CPU")))
+  np.testing.assert_allclose(got[0], attention(q, k, v, m), rtol=2e-5, atol=2e-5)
+
+
+def cuda_sources(t: Tensor) -> list[str]: return t.kernel_sources(device="CUDA")
+
+
+def test_on_a_gpu_a_thread_takes_a_query_row_with_its_accumulators_in_registers():
+  q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))
+  (src,) = cuda_sources(attention(q, k, v))
+  # 64 weighted sums, the running max and sum, a dot product per key of a block (unrolled); a loop over 1024/8 blocks
+  assert src.count("float acc") == 64 + 2 + BLOCK and "__shared__" not in src
+  assert f"< {1024 // BLOCK}; " in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_generated_cuda_compiles_for_sm90(tmp_path):
+  from renderers.cuda import renderer
+  q, k, v = (Tensor(randn(2, 4, 37, 64), device="CPU") for _ in range(3))
+  src = renderer.source(cuda_sources(attention(q, k, v, Tensor(causal(37, 37), device="CPU"))))
+  (tmp_path / "attn.cu").write_text(src)
+  subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "attn.cubin"), str(tmp_path / "attn.cu")], check=True)
