@@ -209,7 +209,12 @@ def split_head_loop(ctx: AttentionContext, sink: UOp) -> UOp | None:
   from .symbolic import symbolic_rules
   if (h := head_loop(sink)) is None or (d := head_size(sink)) is None or (not ctx.device_loops and h.src[0].arg == d): return None
   split, _ = split_head(h, d, ctx.device_loops)
-  sink = substitute(sink, {h: split})
+  swap = {h: split}
+  if ctx.device_loops:   # the scores' own reductions (the dot product over d) unrolled too: the query row's loads
+    carry_loops = {r for red in carried_reductions(sink) for r in red.src[1:]}   # leave the loop over keys: registers
+    swap.update({r: r.replace(arg=(*r.arg, ("upcast", r.src[0].arg))) for r in sink.toposort if r.op is Ops.RANGE and
+                 r.arg[0] == "reduce" and r not in carry_loops and not isinstance(r.arg[-1], tuple) and r.src[0].arg <= MAX_HEAD[True]})
+  sink = substitute(sink, swap)
   if ctx.device_loops: sink = graph_rewrite(sink, upcast_rules, name="attention_rows")
   return graph_rewrite(sink, symbolic_rules, name="attention_rows")
 
