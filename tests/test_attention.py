@@ -93,6 +93,20 @@ def test_scale_and_mask_in_any_form_a_user_writes():
   np.testing.assert_allclose(got.numpy(), softmax_np((q @ k.transpose(0, 2, 1) + mask) / 4) @ v, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("t,d", [(64, 32), (29, 8)])
+def test_causal_attention_through_tril_and_masked_fill(t, d):
+  # the causal mask a GPT writes: a lower triangle of ones, masked_fill where it is 0; the mask is computed in the kernel
+  q, k, v = randn(2, 2, t, d), randn(2, 2, t, d), randn(2, 2, t, d)
+  qt, kt, vt = Tensor(q), Tensor(k), Tensor(v)
+  keep = Tensor.ones(t, t).tril()
+  s = (qt @ kt.transpose(-1, -2)) * (1 / math.sqrt(d))
+  got = s.masked_fill(keep == 0, -math.inf).softmax(-1) @ vt
+  assert kernel_calls(plan([(got.uop, "CPU")])) == 1
+  np.testing.assert_allclose(got.numpy(), attention(q, k, v, causal(t, t)), rtol=2e-5, atol=2e-5)
+  model = run_on_model_gpu(s.masked_fill(keep == 0, -math.inf).softmax(-1) @ vt)[0]
+  np.testing.assert_allclose(model, attention(q, k, v, causal(t, t)), rtol=2e-5, atol=2e-5)
+
+
 def test_heads_stored_side_by_side_get_the_head_dimension_unrolled():
   # (B, H, T, D) attention written back as (B, T, H*D): the kernel's head loop is H*D long; its inner D is unrolled
   b, h, t, d = 2, 3, 24, 16
