@@ -42,18 +42,21 @@ from .shapes import shape_of
 from .strided_view import View
 from .lower import LowerContext, indexed
 from .opt.plan import Opt, OptKind, Plan
-from .opt.upcast import upcast_rules
+from .opt.upcast import upcast_rules, part_kind
 
 LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
+LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each of at least 4 blocks
 MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
 
 
 @dataclass(frozen=True)
 class OnlineSoftmax:
-  """arg[0] of a fused attention node: the keys per step of its online softmax."""
+  """arg[0] of a fused attention node: the keys per step of its online softmax, and the chunks of keys a row is
+  split into (each with its own running state, combined at the end: a GPU row's lanes)."""
   block: int
-  def __repr__(self): return f"online_softmax(block={self.block})"
+  lanes: int = 1
+  def __repr__(self): return f"online_softmax(block={self.block}, lanes={self.lanes})"
 
 
 @dataclass
@@ -110,8 +113,17 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
              f"({'registers of a GPU thread' if ctx.device_loops else 'the register tile'}: at most {MAX_HEAD[ctx.device_loops]}); three kernels instead")
     return None
   block = min(BLOCK, tk)
-  ctx.note(f"attention fused: {what} is one kernel, an online softmax over blocks of {block} keys (no {tq}x{tk} buffer)")
-  return UOp(Ops.REDUCE_AXIS, r.dtype, (values, scores), (OnlineSoftmax(block), r.arg[1]))
+  lanes = gpu_lanes(-(-tk // block)) if ctx.device_loops else 1
+  ctx.note(f"attention fused: {what} is one kernel, an online softmax over blocks of {block} keys"
+           f"{f' in {lanes} chunks a row' if lanes > 1 else ''} (no {tq}x{tk} buffer)")
+  return UOp(Ops.REDUCE_AXIS, r.dtype, (values, scores), (OnlineSoftmax(block, lanes), r.arg[1]))
+
+
+def gpu_lanes(steps: int) -> int:
+  """Chunks of keys a GPU row is split into: up to LANES, each at least MIN_STEPS blocks long."""
+  lanes = 1
+  while lanes < LANES and steps >= 2 * lanes * MIN_STEPS: lanes *= 2
+  return lanes
 
 
 attention_rules = PatternMatcher([
@@ -131,31 +143,37 @@ def carry(value: UOp, acc: UOp, loop: UOp) -> UOp:
 
 def lower_online_softmax(ctx: LowerContext, i: UOp, r: UOp, values: UOp, scores: UOp) -> UOp:
   osm, (axis,) = r.arg
-  tk, block, dt = shape_of(values)[axis], r.arg[0].block, r.dtype
+  tk, block, lanes, dt = shape_of(values)[axis], osm.block, osm.lanes, r.dtype
   idxs = list(i.src[1:])   # (*batch, query row, d, 0)
   steps = -(-tk // block)
-  # the loop over blocks is a loop even when it has one step: the kernel keeps one form (and its plan) for any length
-  outer = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, steps),), ("reduce", next(ctx.reduce_ranges)))
-  inner = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, block),),
-              ("reduce", (1, next(ctx.reduce_ranges)), ("upcast", block))) if block > 1 else UOp.const(dtypes.index, 0)
-  key = outer * block + inner
-  inf = UOp.const(dt, -math.inf)
-  valid = key < tk if steps * block != tk else None   # a last block past the end: its keys masked, reads clamped
+  per_lane = -(-steps // lanes)
+  def reduce_loop(n: int, *tags) -> UOp:
+    return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, n),), ("reduce", *tags))
+  # the keys: `lanes` chunks (each its own running state, combined at the end), each a loop over blocks of keys (a
+  # loop even of one step: one form of kernel for any length), each block an unrolled tile
+  lane = reduce_loop(lanes, next(ctx.reduce_ranges)) if lanes > 1 else UOp.const(dtypes.index, 0)
+  outer = reduce_loop(per_lane, next(ctx.reduce_ranges))
+  inner = reduce_loop(block, (1, next(ctx.reduce_ranges)), ("upcast", block)) if block > 1 else UOp.const(dtypes.index, 0)
+  key = (lane * per_lane + outer) * block + inner
+  inf, zero = UOp.const(dt, -math.inf), UOp.const(dt, 0)
+  valid = key < tk if lanes * per_lane * block != tk else None   # keys past the end: masked, their reads clamped
   if valid is not None: key = valid.where(key, UOp.const(dtypes.index, tk - 1))
   s = indexed(scores, [*idxs[:-2], key]) * LOG2_E
   if valid is not None: s = valid.where(s, inf)
   v = indexed(values, [*idxs[:-1], key])
-  over_block = (lambda x, op: UOp(Ops.REDUCE, dt, (x, inner), op)) if block > 1 else (lambda x, op: x)
-  block_max = over_block(s, Ops.MAX)
+  over = lambda x, op, loop: UOp(Ops.REDUCE, dt, (x, loop), op) if loop.op is Ops.RANGE else x
+  safe = lambda m: m.ne(inf).where(m, zero)   # a row masked so far: exp2(-inf - 0) = 0, not NaN
+  block_max = over(s, Ops.MAX, inner)
   m = carried(dt, ("max", -math.inf), outer, block_max)
   m_new = m.maximum(block_max)
-  m_safe = m_new.ne(inf).where(m_new, UOp.const(dt, 0))   # a row masked so far: exp2(-inf - 0) = 0, not NaN
-  c = UOp(Ops.EXP2, dt, (m - m_safe,))
-  p = UOp(Ops.EXP2, dt, (s - m_safe,))
-  block_sum, block_acc = over_block(p, Ops.ADD), over_block(p * v, Ops.ADD)
+  c, p = UOp(Ops.EXP2, dt, (m - safe(m_new),)), UOp(Ops.EXP2, dt, (s - safe(m_new),))
+  block_sum, block_acc = over(p, Ops.ADD, inner), over(p * v, Ops.ADD, inner)
   l, a = carried(dt, ("sum", 0.0), outer, block_max), carried(dt, ("acc", 0.0, shape_of(values)[-2]), outer, block_acc)
-  result = carry(a * c + block_acc, a, outer) / carry(l * c + block_sum, l, outer)
-  return UOp(Ops.NOOP, dt, (result, carry(m_new, m, outer)))   # the running max is updated each step too
+  m_end, l_end, a_end = carry(m_new, m, outer), carry(l * c + block_sum, l, outer), carry(a * c + block_acc, a, outer)
+  if lanes == 1: return UOp(Ops.NOOP, dt, (a_end / l_end, m_end))   # the running max is updated each step too
+  # the chunks' states combined: each rescaled to the largest running max of the row
+  w = UOp(Ops.EXP2, dt, (m_end - safe(over(m_end, Ops.MAX, lane)),))
+  return over(a_end * w, Ops.ADD, lane) / over(l_end * w, Ops.ADD, lane)
 
 
 online_softmax_lower_rules = PatternMatcher([
@@ -178,12 +196,24 @@ def head_size(sink: UOp) -> int | None:
 def _role(red: UOp) -> str: return red.src[0].src[1].arg[0]
 
 
-def split_head(r: UOp, d: int, unrolled: bool) -> tuple[UOp, UOp]:
-  """(r as outer * d + inner, inner): the inner D of loop r, a loop of its own (nested inside the others) or an
-  unrolled part (rules/opt/upcast.py)."""
-  n = r.src[0].arg
-  inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, d),), ("out", (1, r.arg[1]), *((("upcast", d),) if unrolled else ())))
-  return (r.replace(src=(UOp.const(r.dtype, n // d),)) * d if n > d else UOp.const(r.dtype, 0)) + inner, inner
+def split_head(r: UOp, d: int, parts: tuple[tuple[str, int], ...]) -> UOp:
+  """r as outer * d + the inner D as loop parts, innermost first: ("vector", lanes), ("upcast", copies) (the parts
+  rules/opt/split.py makes, which rules/opt/upcast.py and vector.py carry out)."""
+  n, inner, step = r.src[0].arg, UOp.const(r.dtype, 0), 1
+  for level, (kind, amount) in enumerate(parts, 1):
+    inner = inner + UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), ("out", (len(parts) + 1 - level, r.arg[1]), (kind, amount))) * step
+    step *= amount
+  return (r.replace(src=(UOp.const(r.dtype, n // d),)) * d if n > d else UOp.const(r.dtype, 0)) + inner
+
+
+def head_parts(d: int, device_loops: bool) -> tuple[tuple[str, int], ...]:
+  """How the head dimension is unrolled: on a GPU into D copies; on the CPU into vector lanes (the widest that divides
+  D) and copies of them."""
+  from .opt.heuristic import vector_width
+  if device_loops: return (("upcast", d),)
+  width = vector_width(4)
+  while width > 1 and d % width: width //= 2
+  return tuple(p for p in (("vector", width), ("upcast", d // width)) if p[1] > 1)
 
 
 def head_loop(sink: UOp) -> UOp | None:
@@ -194,32 +224,54 @@ def head_loop(sink: UOp) -> UOp | None:
   if (d := head_size(sink)) is None: return None
   sums = [red for red in carried_reductions(sink) if _role(red) == "sum"]
   accs = [red for red in carried_reductions(sink) if _role(red) == "acc"]
-  for r in (n for n in accs[0].toposort if n.op is Ops.RANGE and n.arg[0] == "out" and n.src[0].arg % d == 0):
-    split, inner = split_head(r, d, True)
+  for r in (n for n in accs[0].toposort if n.op is Ops.RANGE and n.arg[0] == "out" and n.src[0].arg % d == 0
+            and part_kind(n) is None):   # not a part of a loop split already
+    split = split_head(r, d, (("upcast", d),))
+    inner = next(n for n in split.toposort if n.op is Ops.RANGE and n.arg[-1] == ("upcast", d))
     if not any(inner in graph_rewrite(substitute(red, {r: split}), symbolic_rules, name="attention.head_probe").toposort for red in sums):
       return r
   return None
 
 
 def split_head_loop(ctx: AttentionContext, sink: UOp) -> UOp | None:
-  """The head loop's inner D becomes a loop of its own where heads are stored side by side (H*D), its index arithmetic
-  simplified, so that the plan (CPU) can put exactly the head dimension in vector lanes. On a GPU the inner D is
-  unrolled (and so are the keys of a block), before the grid is planned: a thread computes a query row's scores once
-  for its whole accumulator row, held in registers."""
+  """The head loop's inner D (a loop of D, or the inner D of H*D where heads are stored side by side) becomes unrolled
+  parts, whatever the plan, so that a row's scores, running max and sum are computed once for its whole row of
+  accumulators (the loop over keys then nests in the same loops for all of them). On the CPU: vector lanes and copies,
+  carried out by the opt stages. On a GPU: copies, unrolled here, before the grid is planned (a thread holds its row
+  of accumulators in registers), and so are the scores' own reductions (the dot product over d: the query row's
+  loads leave the loop over keys)."""
   from .symbolic import symbolic_rules
-  if (h := head_loop(sink)) is None or (d := head_size(sink)) is None or (not ctx.device_loops and h.src[0].arg == d): return None
-  split, _ = split_head(h, d, ctx.device_loops)
-  swap = {h: split}
-  if ctx.device_loops:   # the scores' own reductions (the dot product over d) unrolled too: the query row's loads
-    carry_loops = {r for red in carried_reductions(sink) for r in red.src[1:]}   # leave the loop over keys: registers
-    swap.update({r: r.replace(arg=(*r.arg, ("upcast", r.src[0].arg))) for r in sink.toposort if r.op is Ops.RANGE and
-                 r.arg[0] == "reduce" and r not in carry_loops and not isinstance(r.arg[-1], tuple) and r.src[0].arg <= MAX_HEAD[True]})
+  if (h := head_loop(sink)) is None: return None
+  d = head_size(sink)
+  swap = {h: split_head(h, d, head_parts(d, ctx.device_loops))}
+  if ctx.device_loops:
+    inside = {n for red in carried_reductions(sink) for n in red.src[0].toposort}
+    swap.update({r: r.replace(arg=(*r.arg, ("upcast", r.src[0].arg))) for red in inside if red.op is Ops.REDUCE and red.arg is not Ops.NOOP
+                 for r in red.src[1:] if part_kind(r) is None and r.src[0].arg <= MAX_HEAD[True]})
   sink = substitute(sink, swap)
   if ctx.device_loops: sink = graph_rewrite(sink, upcast_rules, name="attention_rows")
   return graph_rewrite(sink, symbolic_rules, name="attention_rows")
 
 
 head_loop_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), split_head_loop)], name="attention_rows")
+
+
+# ---- the GPU grid of a fused attention kernel ----
+def lane_loops(sink: UOp) -> list[UOp]:
+  """The loop over a row's chunks of keys: the loop of the reductions that combine the chunks' carried states."""
+  carried = set(carried_reductions(sink))
+  return list(dict.fromkeys(r for n in sink.toposort if n.op is Ops.REDUCE and n.arg is not Ops.NOOP
+                            and any(c in carried for c in n.src[0].toposort) for r in n.src[1:]))
+
+
+def attention_grid_plan(sink: UOp, loops: list[UOp]):
+  """A block row per query row whose chunks of keys are its lanes, combined at the end (None for any other kernel, and
+  for one chunk a row, which the default plan maps to one thread a row)."""
+  from .gpu import GridPlan, GridOpt, GridKind, ROW_GROUP_THREADS
+  if not carried_reductions(sink) or len(lanes := lane_loops(sink)) != 1: return None
+  axis, n = {r: i for i, r in enumerate(loops)}, lanes[0].src[0].arg
+  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in loops if r.arg[0] == "out"), GridOpt(GridKind.THREAD, axis[lanes[0]], n),
+                   *((GridOpt(GridKind.ROWS, -1, ROW_GROUP_THREADS // n),) if n < ROW_GROUP_THREADS else ())), "attention")
 
 
 # ---- vector lanes of a carried accumulator (CPU: the head loop's lanes; in front of rules/opt/vector.py's) ----
@@ -238,21 +290,13 @@ carry_vector_rules = PatternMatcher([
 
 # ---- the CPU plan of a fused attention kernel ----
 def attention_plan(sink: UOp, axes: list[UOp]) -> Plan | None:
-  """The plan of a fused attention kernel (None for any other kernel): the head loop in vector lanes and unrolled
-  copies (one accumulator row of registers per query row), the outermost other output loop on threads, the dot
-  product's loop `simd`. The head loop may be H*D long (heads side by side): its inner D is unrolled."""
-  from .opt.heuristic import vector_width
-  if (head := head_size(sink)) is None: return None
+  """The plan of a fused attention kernel on the CPU (None for any other kernel): the outermost output loop on threads
+  and the dot product's loop `simd` (the head dimension's lanes and copies are parts of its loop already: stage
+  attention_rows)."""
+  if head_size(sink) is None: return None
   axis = {r: n for n, r in enumerate(axes)}
-  opts = []
-  if (h := head_loop(sink)) is not None:
-    width = vector_width(4)
-    while width > 1 and head % width: width //= 2
-    if width > 1: opts.append(Opt(OptKind.VECTOR, axis[h], width))
-    if head // width > 1: opts.append(Opt(OptKind.UPCAST, axis[h], head // width))
-  outs = [r for r in axes if r.arg[0] == "out" and r is not h]
-  if outs: opts.append(Opt(OptKind.PARALLEL, axis[outs[0]]))
-  carry_loops = {r for red in carried_reductions(sink) for r in red.src[1:]}
-  for r in axes:
-    if r.arg[0] == "reduce" and r not in carry_loops and not isinstance(r.arg[-1], tuple): opts.append(Opt(OptKind.SIMD, axis[r]))
+  untouched = [r for r in axes if part_kind(r) is None]   # not a part of a split loop
+  carry_loops = {r for red in carried_reductions(sink) for r in red.src[1:]} | set(lane_loops(sink))
+  opts = [Opt(OptKind.PARALLEL, axis[r]) for r in untouched if r.arg[0] == "out"][:1]
+  opts += [Opt(OptKind.SIMD, axis[r]) for r in untouched if r.arg[0] == "reduce" and r not in carry_loops]
   return Plan(tuple(opts), "attention")

@@ -317,6 +317,8 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
   (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
   more than along the innermost output axis (a row sum, not a matrix product). Else one thread per output element.
   A long row whose rows are too few to fill the multiprocessors gets up to MAX_THREADS lanes."""
+  from .attention import attention_grid_plan   # a fused attention kernel has a plan of its own
+  if (plan := attention_grid_plan(sink, loops)) is not None: return plan
   axis = {r: i for i, r in enumerate(loops)}
   outs = [r for r in loops if r.arg[0] == "out"]
   ranges = open_ranges(sink)

@@ -1,4 +1,5 @@
 """What the Tensor tests share: realize many tensors at once, then compare each with numpy."""
+import contextlib
 import numpy as np
 from numpy.testing import assert_allclose
 from tensor import Tensor
@@ -12,3 +13,16 @@ def realize_and_check(pairs, rtol=1e-5, atol=1e-6):
     got = t.numpy()
     assert got.shape == want.shape, f"pair {i}: shape {got.shape} != {want.shape}"
     assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"pair {i}")
+
+
+@contextlib.contextmanager
+def unfused_attention():
+  """The pipeline without its attention stage (rules/attention.py): softmax(s) @ v runs as the kernels of its graph
+  (the scores, the probabilities, the product), for tests of that form."""
+  from rules.pipeline import pipeline
+  at = pipeline.index("attention")
+  stage = pipeline.remove("attention")
+  try: yield
+  finally:
+    pipeline.stages.insert(at, stage)
+    pipeline.version += 1

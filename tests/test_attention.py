@@ -7,8 +7,9 @@ import pytest
 from tensor import Tensor
 from rewrite import dtypes
 from runtime.realize import last_program, plan
-from rules.attention import MAX_HEAD, BLOCK
+from rules.attention import MAX_HEAD, BLOCK, LANES
 from test_gpu_stages import run_on_model_gpu
+from helpers import unfused_attention
 
 rng = np.random.default_rng(21)
 
@@ -135,16 +136,11 @@ def test_no_tq_by_tk_buffer_at_4096():
 
 def test_the_unfused_form_without_the_rule_gives_the_same_values():
   # the three kernels the graph makes without the rule (scores, probabilities, product) as the reference of the rule
-  from rules.pipeline import pipeline
   q, k, v, m = make_case((2, 30, 16), 30, 16, "causal")
   fused = run_fused(q, k, v, m)
-  stage = pipeline.remove("attention")
-  try:
+  with unfused_attention():
     unfused = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(m)).numpy()
     assert kernel_calls(last_program()) >= 3
-  finally:
-    pipeline.stages.insert(0, stage)
-    pipeline.version += 1
   np.testing.assert_allclose(fused, unfused, rtol=2e-5, atol=2e-5)
 
 
@@ -199,13 +195,21 @@ def test_fused_attention_in_the_model_gpu_grid(qshape, tk, dv, mask):
 def cuda_sources(t: Tensor) -> list[str]: return t.kernel_sources(device="CUDA")
 
 
-def test_on_a_gpu_a_thread_takes_a_query_row_with_its_accumulators_in_registers():
+def test_on_a_gpu_a_row_of_queries_is_split_over_lanes_with_its_accumulators_in_registers():
   q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))
   (src,) = cuda_sources(attention(q, k, v))
-  # 64 weighted sums, the running max and sum; one loop, over 1024/8 blocks of keys (the dot products unrolled, so the
-  # query row's loads stay out of it, in registers)
+  # a row's 1024 keys in LANES chunks, one a thread: 64 weighted sums, the running max and sum in registers, one loop
+  # over its 1024/8/LANES blocks of keys (the dot products unrolled: the query row's loads stay out of the loop)
   assert src.count("float acc") == 64 + 2 and "__shared__" not in src
-  assert src.count("for (int ridx") == 1 and f"< {1024 // BLOCK}; " in src
+  assert src.count("for (int ridx") == 1 and f"< {1024 // BLOCK // LANES}; " in src
+  # the chunks combined: the largest running max, then the rescaled sums and the 64 weighted sums
+  assert src.count(f"g_row_reduce<{LANES}, float>(") == 1 + 1 + 64
+
+
+def test_on_a_gpu_few_keys_take_one_thread_a_row():
+  q, k, v = (Tensor(np.zeros((2, 24, 16), np.float32), device="CPU") for _ in range(3))
+  (src,) = cuda_sources(attention(q, k, v))
+  assert "g_row_reduce" not in src and src.count("float acc") == 16 + 2
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

@@ -8,6 +8,7 @@ from rules.strided_view import View
 from runtime.buffer import Buffer
 from tensor import Tensor
 from runtime.realize import build_program
+from helpers import unfused_attention
 
 
 def kernels_of(*tensors: Tensor) -> int:
@@ -54,11 +55,12 @@ def test_row_normalizations_are_one_kernel_on_cuda_for_any_row_length(name, shap
   assert cuda_kernels_of(ROW_NORMALIZATIONS[name](unallocated_cuda_tensor(*shape))) == ROW_NORMALIZE_KERNELS_ON["CUDA"]
 
 
-def test_attention_is_scores_probabilities_and_product_on_cuda():
-  # the softmax's max and sum run in the kernel that writes the probabilities (the scores are a realized buffer,
-  # read through a reshape of it); the N x N scores stay in memory until a fused attention exists (issue 10)
+def test_attention_is_one_kernel_on_cuda_and_three_unfused():
+  # fused (rules/attention.py): an online softmax, no N x N buffer. Unfused: the scores (a realized buffer, read through
+  # a reshape of it), the probabilities with the softmax's max and sum in their kernel, the product
   q = unallocated_cuda_tensor(4, 128, 64)
-  assert cuda_kernels_of((q @ q.transpose(-1, -2) * 0.125).softmax(-1) @ q) == 3
+  assert cuda_kernels_of((q @ q.transpose(-1, -2) * 0.125).softmax(-1) @ q) == 1
+  with unfused_attention(): assert cuda_kernels_of((q @ q.transpose(-1, -2) * 0.125).softmax(-1) @ q) == 3
 
 
 def test_column_normalization_stays_three_kernels_on_cuda():
