@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -149,6 +149,7 @@ class Pipeline:
 
 
 pipeline = Pipeline([
+  Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
