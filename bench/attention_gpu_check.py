@@ -1,25 +1,51 @@
-"""Fused attention at T = 4096 on a device: its host program (one kernel, no T x T buffer), its time, numpy's values.
+"""Fused attention on a device: its host program (one kernel, no T x T buffer), numpy's values, its time.
 
-  DEVICE=CUDA python3 bench/attention_gpu_check.py [T]
+  DEVICE=CUDA python3 bench/attention_gpu_check.py --shape 1,4096,64 --causal   # T = 4096: the program, one head
+  DEVICE=CUDA python3 bench/attention_gpu_check.py --shape 32,1024,64 --lanes 1,2,4,16   # each in its own process
+
+--lanes sets the chunks of keys a GPU row is split into (rules/attention.py LANES, whatever the rows) for each run; each value runs
+in a fresh process (its own compile). Time: median of 20 calls of realize + device synchronize, after 3 warm-ups.
 """
-import math, sys, time
+import argparse, math, os, subprocess, sys, time
 import numpy as np
+
+p = argparse.ArgumentParser()
+p.add_argument("--shape", default="1,4096,64")
+p.add_argument("--causal", action="store_true")
+p.add_argument("--lanes", default="")
+args = p.parse_args()
+if "," in args.lanes:
+  for lanes in args.lanes.split(","):
+    cmd = [sys.executable, __file__, "--shape", args.shape, "--lanes", lanes] + (["--causal"] if args.causal else [])
+    subprocess.run(cmd, check=False)
+  sys.exit(0)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rules.attention
+if args.lanes: rules.attention.LANES, rules.attention.GPU_THREADS = int(args.lanes), 1 << 62   # exactly that many
 from tensor import Tensor
 from runtime.realize import last_program
 from runtime.device import Device
 
-t = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+b, t, d = map(int, args.shape.split(","))
 rng = np.random.default_rng(0)
-q, k, v = (rng.standard_normal((1, t, 64)).astype(np.float32) for _ in range(3))
-mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
+q, k, v = (rng.standard_normal((b, t, d)).astype(np.float32) for _ in range(3))
+mask = np.triu(np.full((t, t), -np.inf, np.float32), 1) if args.causal else np.zeros((t, t), np.float32)
 qt, kt, vt, mt = Tensor(q), Tensor(k), Tensor(v), Tensor(mask)
-f = lambda: ((qt @ kt.transpose(-1, -2)) / 8 + mt).softmax(-1) @ vt
+f = lambda: ((qt @ kt.transpose(-1, -2)) / math.sqrt(d) + mt).softmax(-1) @ vt
 got = f().numpy()
-print(last_program())
-s = q @ k.transpose(0, 2, 1) / 8 + mask
-e = np.exp(s - s.max(-1, keepdims=True))
-print("max abs error against numpy:", np.abs(got - (e / e.sum(-1, keepdims=True)) @ v).max())
+program = last_program()
+ref = np.empty_like(got)
+for i in range(b):   # per batch: numpy's T x T scores of one head at a time
+  s = q[i] @ k[i].T / math.sqrt(d) + mask
+  e = np.exp(s - s.max(-1, keepdims=True))
+  ref[i] = (e / e.sum(-1, keepdims=True)) @ v[i]
+dev = Device.default()
 times = []
-for _ in range(10):
-  t0 = time.perf_counter(); out = f(); out.numpy(); times.append(time.perf_counter() - t0)
-print(f"T={t} causal, one head of 64: median {sorted(times)[5] * 1e3:.2f} ms (wall, with the copy back)")
+for n in range(23):
+  t0 = time.perf_counter()
+  f().realize()
+  dev.synchronize()
+  if n >= 3: times.append(time.perf_counter() - t0)
+print(f"{b}x{t}x{d}{' causal' if args.causal else ''} LANES={rules.attention.LANES}: median {sorted(times)[len(times) // 2] * 1e3:.3f} ms, "
+      f"max abs error against numpy {np.abs(got - ref).max():.2e}; {program.__str__().splitlines()[0]}")

@@ -47,6 +47,7 @@ from .opt.upcast import upcast_rules, part_kind
 LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
 LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each of at least 4 blocks
+GPU_THREADS = 132 * 256    # threads below which a GPU is not kept busy (an H100's SMs, 8 warps each)
 MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
 
 
@@ -113,16 +114,18 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
              f"({'registers of a GPU thread' if ctx.device_loops else 'the register tile'}: at most {MAX_HEAD[ctx.device_loops]}); three kernels instead")
     return None
   block = min(BLOCK, tk)
-  lanes = gpu_lanes(-(-tk // block)) if ctx.device_loops else 1
+  lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq) if ctx.device_loops else 1
   ctx.note(f"attention fused: {what} is one kernel, an online softmax over blocks of {block} keys"
            f"{f' in {lanes} chunks a row' if lanes > 1 else ''} (no {tq}x{tk} buffer)")
   return UOp(Ops.REDUCE_AXIS, r.dtype, (values, scores), (OnlineSoftmax(block, lanes), r.arg[1]))
 
 
-def gpu_lanes(steps: int) -> int:
-  """Chunks of keys a GPU row is split into: up to LANES, each at least MIN_STEPS blocks long."""
+def gpu_lanes(steps: int, rows: int) -> int:
+  """Chunks of keys a GPU row is split into: one (a thread a row, the warp's loads of keys and values the same address:
+  one transaction) unless the rows are too few to give the GPU GPU_THREADS threads; then up to LANES, each chunk at
+  least MIN_STEPS blocks of keys long."""
   lanes = 1
-  while lanes < LANES and steps >= 2 * lanes * MIN_STEPS: lanes *= 2
+  while lanes < LANES and steps >= 2 * lanes * MIN_STEPS and rows * lanes < GPU_THREADS: lanes *= 2
   return lanes
 
 

@@ -195,21 +195,22 @@ def test_fused_attention_in_the_model_gpu_grid(qshape, tk, dv, mask):
 def cuda_sources(t: Tensor) -> list[str]: return t.kernel_sources(device="CUDA")
 
 
-def test_on_a_gpu_a_row_of_queries_is_split_over_lanes_with_its_accumulators_in_registers():
-  q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))
+def test_on_a_gpu_few_rows_split_their_keys_over_lanes_with_the_accumulators_in_registers():
+  q, k, v = (Tensor(np.zeros((1, 1024, 64), np.float32), device="CPU") for _ in range(3))
   (src,) = cuda_sources(attention(q, k, v))
-  # a row's 1024 keys in LANES chunks, one a thread: 64 weighted sums, the running max and sum in registers, one loop
-  # over its 1024/8/LANES blocks of keys (the dot products unrolled: the query row's loads stay out of the loop)
+  # 1024 rows cannot fill a GPU: a row's keys in LANES chunks, one a thread, each with 64 weighted sums, the running max
+  # and sum in registers, one loop over its 1024/8/LANES blocks of keys (the dot products unrolled: the query row's
+  # loads stay out of the loop)
   assert src.count("float acc") == 64 + 2 and "__shared__" not in src
   assert src.count("for (int ridx") == 1 and f"< {1024 // BLOCK // LANES}; " in src
   # the chunks combined: the largest running max, then the rescaled sums and the 64 weighted sums
   assert src.count(f"g_row_reduce<{LANES}, float>(") == 1 + 1 + 64
 
 
-def test_on_a_gpu_few_keys_take_one_thread_a_row():
-  q, k, v = (Tensor(np.zeros((2, 24, 16), np.float32), device="CPU") for _ in range(3))
+def test_on_a_gpu_many_rows_take_a_thread_each():
+  q, k, v = (Tensor(np.zeros((64, 1024, 64), np.float32), device="CPU") for _ in range(3))
   (src,) = cuda_sources(attention(q, k, v))
-  assert "g_row_reduce" not in src and src.count("float acc") == 16 + 2
+  assert "g_row_reduce" not in src and src.count("float acc") == 64 + 2 and f"< {1024 // BLOCK}; " in src
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
