@@ -14,6 +14,12 @@ from helpers import unfused_attention
 rng = np.random.default_rng(21)
 
 
+@pytest.fixture(autouse=True)
+def fused(monkeypatch):
+  """These tests are of the fused kernel: on the CPU it is used by default only where the scores would be large."""
+  monkeypatch.setenv("GRAFT_ATTENTION", "1")
+
+
 def randn(*shape): return rng.standard_normal(shape).astype(np.float32)
 
 
@@ -155,6 +161,19 @@ def test_debug2_says_what_was_fused(monkeypatch, capsys):
   out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
   assert "attention fused: softmax(scores (2, 20, 20)) @ values (head dimension 8) is one kernel" in out
   assert "no 20x20 buffer" in out
+
+
+def test_the_cpu_fuses_by_default_only_where_the_scores_would_be_large(monkeypatch, capsys):
+  # (GRAFT_ATTENTION is read when a graph is compiled: a graph of another structure here, not a warm call's program)
+  monkeypatch.delenv("GRAFT_ATTENTION")
+  q, k, v = (Tensor(randn(2, 21, 8)) for _ in range(3))
+  out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
+  assert "attention not fused: softmax(scores (2, 21, 21)) @ values (head dimension 8): its scores take 0.0 MiB, under the 256 MiB" in out
+  assert kernel_calls(last_program()) >= 3
+  q, k, v = (Tensor(np.zeros((2, 8192, 64), np.float32)) for _ in range(3))   # 512 MiB of scores: fused
+  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")])) == 1
+  monkeypatch.setenv("GRAFT_ATTENTION", "0")
+  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")])) >= 3
 
 
 def test_half_precision_is_not_fused_and_still_right():
