@@ -55,7 +55,8 @@ def test_row_normalizations_are_one_kernel_on_cuda_for_any_row_length(name, shap
   assert cuda_kernels_of(ROW_NORMALIZATIONS[name](unallocated_cuda_tensor(*shape))) == ROW_NORMALIZE_KERNELS_ON["CUDA"]
 
 
-def test_attention_is_one_kernel_on_cuda_and_three_unfused():
+def test_attention_is_one_kernel_on_cuda_and_three_unfused(monkeypatch):
+  monkeypatch.setenv("GRAFT_ATTENTION", "1")   # fused whatever the size (by default only where the scores are large)
   # fused (rules/attention.py): an online softmax, no N x N buffer. Unfused: the scores (a realized buffer, read through
   # a reshape of it), the probabilities with the softmax's max and sum in their kernel, the product
   q = unallocated_cuda_tensor(4, 128, 64)
