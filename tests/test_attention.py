@@ -124,6 +124,23 @@ def test_heads_stored_side_by_side_get_the_head_dimension_unrolled():
   assert kernel_calls(last_program()) == 1
 
 
+def test_a_gpt_attention_block_runs_its_attention_fused():
+  # one qkv product split into heads, a causal mask computed in the kernel (tril, masked_fill), heads merged back and
+  # projected: the attention is one kernel between the two products, and nothing of T x T exists
+  b, t, c, h = 2, 19, 32, 4
+  d = c // h
+  x, w, wo = randn(b, t, c), randn(c, 3 * c) / 6, randn(c, c) / 6
+  qkv = Tensor(x) @ Tensor(w)
+  q, k, v = (qkv[:, :, i * c:(i + 1) * c].reshape(b, t, h, d).permute(0, 2, 1, 3) for i in range(3))
+  s = ((q @ k.transpose(-1, -2)) / math.sqrt(d)).masked_fill(Tensor.ones(t, t).tril() == 0, -math.inf)
+  got = (s.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(b, t, c) @ Tensor(wo)
+  qn, kn, vn = (a.reshape(b, t, h, d).transpose(0, 2, 1, 3) for a in np.split(x @ w, 3, -1))
+  want = attention(qn, kn, vn, causal(t, t)).transpose(0, 2, 1, 3).reshape(b, t, c) @ wo
+  np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+  program = last_program()
+  assert kernel_calls(program) == 3 and program.unplanned_bytes == b * t * (3 * c + c) * 4   # qkv, attention output
+
+
 def test_a_fully_masked_row_is_nan_as_in_numpy():
   q, k, v = randn(1, 4, 8), randn(1, 4, 8), randn(1, 4, 8)
   m = np.zeros((4, 4), np.float32)
