@@ -20,10 +20,10 @@ def _pair(v, what: str) -> tuple[int, int]:
 
 
 def _mul_sum(a, b, axis, dtype=None):
-  """sum(a * b) over axis. float16 operands multiply and add up in float32 (exact products, one rounding at the
-  end), which is also the pattern a tensor-core rule looks for."""
-  if a.dtype is dtypes.float16 and b.dtype is dtypes.float16:
-    return (a.float() * b.float()).sum(axis, dtype=dtype or dtypes.float16)
+  """sum(a * b) over axis. float16 (or bfloat16) operands multiply and add up in float32 (exact products, one
+  rounding at the end), which is also the pattern a tensor-core rule looks for."""
+  if a.dtype.is_half and a.dtype is b.dtype:
+    return (a.float() * b.float()).sum(axis, dtype=dtype or a.dtype)
   return (a * b).sum(axis, dtype=dtype)
 
 

@@ -22,6 +22,8 @@ class ReduceMixin:
     axes = normalize_axes(axis, self.shape, what)
     if not axes: return self
     kept = tuple(1 if d in axes else s for d, s in enumerate(self.shape))
+    if self.dtype is dtypes.bfloat16:   # compared in float32 (exact), like its arithmetic (elementwise._alu)
+      return self.float()._reduce(op, axis, keepdim, what).cast(dtypes.bfloat16)
     out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)), kept)
     return out if keepdim else out.reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
 
@@ -30,17 +32,17 @@ class ReduceMixin:
 
   def sum(self, axis=None, keepdim=False, dtype=None):
     """Sum over `axis` (int, tuple or None for all). bool and small ints sum as int32, int64 as int64 (`dtype`
-    overrides); a float16 result adds up in float32 and rounds once at the end."""
+    overrides); a float16 or bfloat16 result adds up in float32 and rounds once at the end."""
     if dtype is not None: out = to_dtype(dtype)
     elif self.dtype.is_float: out = self.dtype
     else: out = dtypes.int64 if self.dtype is dtypes.int64 else dtypes.int32
-    acc = dtypes.float32 if out is dtypes.float16 else out
+    acc = dtypes.float32 if out.is_half else out
     return self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "sum").cast(out)
 
   def mean(self, axis=None, keepdim=False):
     """Sum / count; integers average as float32."""
     out = self.dtype if self.dtype.is_float else dtypes.default_float
-    acc = dtypes.float32 if out is dtypes.float16 else out
+    acc = dtypes.float32 if out.is_half else out
     n = self._reduced_count(axis)
     return (self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "mean") / (n if n else math.nan)).cast(out)
 
@@ -63,7 +65,7 @@ class ReduceMixin:
     """Mean squared deviation with `correction` subtracted from the count (1: the unbiased sample variance;
     0: numpy's default). A count at or below the correction gives inf or NaN, as in numpy."""
     x = self if self.dtype.is_float else self.float()
-    work = x.float() if x.dtype is dtypes.float16 else x
+    work = x.float() if x.dtype.is_half else x
     dev = work - work.mean(axis, keepdim=True)
     dof = max(self._reduced_count(axis) - correction, 0)
     # numpy divides by a zero count and gets inf (or NaN for 0/0); dividing by a float 0.0 does the same
