@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, max, min, var, std, argmax/argmin, any/all, built on REDUCE_AXIS with Ops.ADD or Ops.MAX.
+"""Reductions: sum, mean, max, min, var, std, argmax/argmin, any/all, cumsum, built on REDUCE_AXIS with Ops.ADD or Ops.MAX.
 
 REDUCE_AXIS keeps the reduced axes as size 1; without keepdim a reshape (a VIEW) drops them. The graph has only
 ADD and MAX reductions: min is max of the order-reversed values, mean is sum / n, var sums squared deviations.
@@ -91,3 +91,15 @@ class ReduceMixin:
   def argmin(self, axis=None, keepdim=False):
     if self.dtype.is_bool: return self.logical_not().argmax(axis, keepdim)
     return _order_flip(self).argmax(axis, keepdim)
+
+  def cumsum(self, axis=None, dtype=None):
+    """Running sums along `axis` (over the flattened tensor when None, as numpy); the dtype is sum's. Each output sums
+    its prefix (`where(j <= i, x[j], 0)` over j): one kernel, n*n/2 additions along the axis, no loop-carried order."""
+    if axis is None: return self.flatten().cumsum(0, dtype)
+    ax = axis_of(axis, self.shape, "cumsum")
+    n = self.shape[ax]
+    x = self.unsqueeze(-1).transpose(ax, -1)   # the summed position j last, size 1 in the axis' place
+    i = self.arange(n, device=self.device).reshape(tuple(n if d == ax else 1 for d in range(self.ndim)) + (1,))
+    j = self.arange(n, device=self.device)
+    zero = x._const(False if x.dtype.is_bool else 0, x.dtype, ())
+    return (j <= i).where(x, zero).sum(-1, dtype=dtype)

@@ -105,6 +105,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
   def __setitem__(self, index, value):
     """`t[index] = value`: ints, slices (any step), None and ... select; value (a Tensor, numpy array or scalar of
     this dtype) is broadcast to the selection and written into this tensor's memory."""
+    if any(hasattr(i, "uop") or isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,))):
+      raise TypeError(f"t[...] = value: writing through an integer-array index (a scatter) is not supported; index with "
+                      f"ints, slices, None and ...")
     view = self.realize()._selected_view(index)
     write(self, view, value_tensor(self, value, view.shape, f"t[{index!r}] = ..."))
 
