@@ -2,7 +2,8 @@
 minimal reproduction of every failure.
 
   python3 bench/fuzz.py --count 10000                 # CPU; seeds 0..9999
-  DEVICE=CUDA python3 bench/fuzz.py --count 2000      # the same programs on a GPU
+  DEVICE=CUDA python3 bench/fuzz.py --count 2000 --jobs 12   # the same programs on a GPU
+  python3 bench/fuzz.py --count 2000 --cuda-compile   # no GPU: their kernels rendered for CUDA, compiled by nvcc
   python3 bench/fuzz.py --count 1000 --sanitize       # kernels built with -fsanitize=address,undefined
 
 Programs run `--batch` at a time in one realize (one compile; outputs of one shape may fuse into one kernel, which is
@@ -80,6 +81,27 @@ def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]
   return tally, ops, reports
 
 
+def compile_for_cuda(count: int, seed: int, batch: int, out=sys.stdout) -> int:
+  """Without a GPU: the kernels of the programs rendered for CUDA and compiled by nvcc for sm_90, `batch` programs
+  per nvcc call (setitem and assign still run on the CPU). Returns the number of nvcc failures."""
+  from runtime.realize import kernel_sources
+  from runtime.cuda import compile_cuda
+  from renderers.cuda import renderer
+  from tests.fuzz_programs import tensor_values
+  failed, t0 = 0, time.perf_counter()
+  for start in range(seed, seed + count, batch):
+    programs = {s: Generator(s).program() for s in range(start, min(start + batch, seed + count))}
+    outs = [(tensor_values(p)[o], o) for p in programs.values() for o in p]
+    sources = kernel_sources([(t.uop, t.device) for t, _ in outs if not t.is_realized], "CUDA")
+    try: compile_cuda(renderer.source(list(dict.fromkeys(sources))))
+    except Exception as e:  # noqa: BLE001
+      failed += 1
+      print(f"--- seeds {start}..{start + len(programs) - 1}: {str(e)[:2000]}", file=out)
+  print(f"\n{count} programs (seeds {seed}..{seed + count - 1}) rendered for CUDA and compiled by nvcc, {batch} per "
+        f"call: {failed} failed calls in {time.perf_counter() - t0:.0f} s", file=out)
+  return failed
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--count", type=int, default=1000)
@@ -87,12 +109,15 @@ def main():
   ap.add_argument("--batch", type=int, default=8, help="programs per realize (1: each alone)")
   ap.add_argument("--no-shrink", action="store_true", help="print failing programs as generated")
   ap.add_argument("--jobs", type=int, default=1, help="processes to split the seeds over")
+  ap.add_argument("--cuda-compile", action="store_true", help="no GPU needed: render the programs' kernels for CUDA and "
+                                                              "compile them with nvcc (nothing runs)")
   ap.add_argument("--sanitize", action="store_true", help="run again in a process whose kernels are built with "
                                                           "-fsanitize=address,undefined (GRAFT_SANITIZE=1)")
   args = ap.parse_args()
   if args.sanitize and os.environ.get("GRAFT_SANITIZE") != "1":
     argv = [a for a in sys.argv[1:] if a != "--sanitize"]
     sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=sanitized_env()).returncode)
+  if args.cuda_compile: sys.exit(1 if compile_for_cuda(args.count, args.seed, max(1, args.batch)) else 0)
   tally = run(args.count, args.seed, max(1, args.batch), not args.no_shrink, max(1, args.jobs))
   sys.exit(0 if tally["ok"] == args.count and not tally["batch only"] else 1)
 
