@@ -15,7 +15,7 @@ DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per s
 from __future__ import annotations
 import contextlib, hashlib, threading, time, weakref
 from dataclasses import dataclass
-from rewrite import UOp, Ops, stats, substitute
+from rewrite import UOp, Ops, stats, substitute, viz
 from rewrite.env import env_number
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written
@@ -81,7 +81,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
-  with stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
+  with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
     body = renderer.render("KERNEL_NAME", linear)
   shape = norm.src[0].src[0].arg.shape
@@ -91,6 +91,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   flops, nbytes = kernel_cost(linear, buffers)
   ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, plan=str(run.opt.plan) if run.opt else "")
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  recorded.name = name
+  recorded.attrs.update(source=ck.source, plan=ck.plan, flops=flops, bytes=nbytes, device=device)
   if stats.active:
     for c in stats.active: c.add_kernel(name, mine.stages, ck.plan)
   return ck
@@ -139,7 +141,10 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
   cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
-  program = _build(_lower(uops, devices, targets))
+  with viz.scope("realize") as recorded:
+    program = _build(_lower(uops, devices, targets))
+  recorded.name = f"{len(program.kernels_called())} kernels, {len(program.steps)} steps"
+  recorded.attrs["program"] = str(program)
   refs = [weakref.ref(b) for b in input_buffers(uops)] + [weakref.ref(t[0].arg) for t in targets if t is not None]
   with _lock:
     if len(_plans) >= MAX_PLANS:

@@ -15,7 +15,7 @@ A plan that fails to apply or to compile is skipped by the search; a cached plan
 from __future__ import annotations
 import hashlib, json, time
 import numpy as np
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, viz
 from rewrite.env import env_number
 from rules.pipeline import lower_kernel, Run, pipeline
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
@@ -76,9 +76,10 @@ def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
     except Exception as e:
       if not isinstance(getattr(e, "__cause__", None), InvalidPlan) and not isinstance(e, InvalidPlan): raise
   run.opt = None
-  linear = lower_kernel(norm, run)
-  if (width := search_width()) == 0: return linear
-  best = search(norm, buffers, device, run.opt, width)
+  if (width := search_width()) == 0: return lower_kernel(norm, run)
+  with viz.paused():   # the heuristic's lowering and every candidate's: a viewer shows the winner's only
+    lower_kernel(norm, run)
+    best = search(norm, buffers, device, run.opt, width)
   save_plan(key, best.opts)
   run.opt = OptContext(choose=given(Plan(best.opts, "search")))
   return lower_kernel(norm, run)
