@@ -27,6 +27,7 @@ from .device import get_device, canonical_name, renderer_of
 from .program import Program
 from . import cache, extern, pick
 from .search import lower_planned
+from .progress import Progress
 
 
 def debug_level() -> int:
@@ -162,6 +163,7 @@ class _Lowered:
   returned: list[UOp]
   outputs: list[tuple]
   explanations: list[str]
+  started: float = 0.0                        # when lowering began (time.perf_counter()): for the progress line
 
 
 def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to_run: bool = True) -> _Lowered:
@@ -192,11 +194,16 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   compiled: dict[UOp, CompiledKernel] = {}
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
-  for norm, buffers in (call for step in host.src for call in kernel_calls(step)):
+  calls = [call for step in host.src for call in kernel_calls(step)]
+  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, pipeline.version) not in _kernels})
+  progress, started = Progress("compiling"), time.perf_counter()
+  for norm, buffers in calls:
     key = (norm, norm.arg, pipeline.version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
+      progress.show(f"kernel {len(new) + 1} of {todo}")
       ck = _compile(norm, buffers, norm.arg)
+      progress.line(f"kernel {len(new) + 1} of {todo}: {ck.name}, plan {ck.plan}")
       # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
       # to one text: one compiled function serves both
       name_key = (ck.name, norm.arg, pipeline.version)
@@ -207,7 +214,8 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     compiled[norm] = ck
   explanations = run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) + \
     (run.fuse.inlined if run.fuse else [])
-  return _Lowered(host, compiled, new, returned, outputs, explanations)
+  progress.done()
+  return _Lowered(host, compiled, new, returned, outputs, explanations, started)
 
 
 def kernel_calls(step: UOp) -> list[tuple[UOp, list[UOp]]]:
@@ -231,10 +239,12 @@ def _build(low: _Lowered) -> Program:
   pending: dict[str, list[CompiledKernel]] = {}
   for ck in dict.fromkeys(low.new.values()):
     if ck.program is None: pending.setdefault(ck.device, []).append(ck)
-  for device, cks in pending.items():
-    dev = get_device(device)
-    programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
-    for ck in cks: ck.program = programs[ck.name]
+  with Progress("compiling", since=low.started) as progress:
+    for device, cks in pending.items():
+      progress.line(f"building {len(cks)} kernels for {device} in one compiler call")
+      dev = get_device(device)
+      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
+      for ck in cks: ck.program = programs[ck.name]
   with _lock:
     if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
     _kernels.update(low.new)
