@@ -36,6 +36,12 @@ def rewrites_in(scope: dict):
     else: yield item
 
 
+def in_order(wanted: list[str], stages: list[str]) -> bool:
+  """wanted appear in stages in this order (other stages may come between)."""
+  rest = iter(stages)
+  return all(w in rest for w in wanted)
+
+
 def scopes_in(scope: dict, kind: str):
   for item in scope["items"]:
     if "items" in item:
@@ -49,12 +55,13 @@ def test_json_holds_realizes_kernels_and_their_stages(mlp_json):
   realizes = list(scopes_in(d["root"], "realize"))
   assert len(realizes) == 1, "the warm calls reuse the first call's program: only the first realize runs the pipeline"
   assert "call   r_8_32_" in realizes[0]["attrs"]["program"]
-  assert [r["stage"] for r in realizes[0]["items"] if "stage" in r] == ["realize", "kernelize", "group", "host", "memory"]
+  stages = [r["stage"] for r in realizes[0]["items"] if "stage" in r]
+  assert in_order(["realize", "kernelize", "group", "host", "memory"], stages), stages
   kernels = list(scopes_in(realizes[0], "kernel"))
   assert kernels, "no kernel recorded"
   for k in kernels:
     stages = [r["stage"] for r in k["items"]]
-    assert stages[:3] == ["views", "lower", "symbolic"] and stages[-1] == "linearize", stages
+    assert in_order(["views", "lower", "symbolic", "linearize"], stages) and stages[-1] == "linearize", stages
     assert k["name"] in k["attrs"]["source"] and k["attrs"]["plan"]
     assert d["kernel_times"][k["name"]], "the kernel's runs were not timed"
     last = d["nodes"][k["items"][-1]["after"]]
@@ -186,8 +193,8 @@ def test_page_of_mlp_in_a_browser(tmp_path):
     nav = browser.find_element(By.ID, "nav")
     kernels = nav.find_elements(By.CSS_SELECTOR, "details.nav-kernel > summary")
     assert kernels and all(re.fullmatch(r"kernel r_8_32_[0-9a-f]{8}", k.text) for k in kernels)
-    assert [e.text.split()[0] for e in nav.find_elements(By.CSS_SELECTOR, "details.nav-realize > .nav-stage")] == \
-      ["realize", "kernelize", "group", "host", "memory"]
+    stages = [e.text.split()[0] for e in nav.find_elements(By.CSS_SELECTOR, "details.nav-realize > .nav-stage")]
+    assert in_order(["realize", "kernelize", "group", "host", "memory"], stages), stages
     # a kernel's stages, then one stage: its graphs as SVG, then stepping to its first rule application
     kernels[0].click()
     stages = {e.text.split()[0]: e for e in nav.find_elements(By.CSS_SELECTOR, "details.nav-kernel .nav-stage")}
