@@ -217,3 +217,15 @@ def test_page_of_mlp_in_a_browser(tmp_path):
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
     assert not errors, errors
   finally: browser.quit()
+
+
+def test_ci_runs_the_readmes_two_commands():
+  """The README starts with the install command and the test command, and .ci/run runs exactly those."""
+  readme = (ROOT / "README.md").read_text()
+  install, test = re.search(r"\A# Graft\n\n```\n(.*)\n(.*)\n```\n", readme).groups()
+  assert install.startswith("apt-get update && apt-get install -y") and "graphviz chromium chromium-driver" in install
+  assert install.endswith("python3 -m pip install -e '.[dev]'") and test == "python3 -m pytest -q"
+  packages = re.search(r"apt-get install -y (.*?) &&", install).group(1)
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert f"apt-get install -y -qq {packages} " in ci, "CI installs other system packages than the README says"
+  assert "\npython3 -m pip install -q -e '.[dev]' || exit $?\n" in ci and f"\n{test}\n" in ci

@@ -41,7 +41,7 @@ def under(table: Table, root: int) -> list[int]:
   return sorted(seen)
 
 
-def near(table: Table, roots: list[int], depth: int, most: int = 40) -> list[int]:
+def near(table: Table, roots: list[int], depth: int, most: int = 30) -> list[int]:
   """roots and their sources down to `depth` levels, at most `most` nodes (breadth first)."""
   seen, level = dict.fromkeys(roots), list(roots)
   for _ in range(depth):
@@ -81,7 +81,9 @@ def dot_source(table: Table, ids: list[int], page_of: dict[int, int] | None = No
 
   def node(name: str, n: int, extra: str = "") -> str:
     op, dtype, arg, _ = table[n]
-    label = op + (f"\n{arg if len(arg) <= 40 else arg[:37] + '...'}" if arg else "")
+    # the dtype where it says something (a vector rule's work shows as float32 becoming float32x16)
+    kind = "" if dtype in ("void", "int32", "index") or "ptr" in dtype else f" {dtype}"
+    label = op + kind + (f"\n{arg if len(arg) <= 40 else arg[:37] + '...'}" if arg else "")
     mark = f", {MARKS[marks[n]]}" if n in marks else ""
     return (f' {name} [label="{_quote(label)}", class="u{n}", fillcolor="{_fill(op)}", '
             f'tooltip="{_quote(f"#{n} {op} {dtype} {arg}")}"{mark}{extra}];')

@@ -148,14 +148,26 @@ function graphPane(title, pages, marks) {
   let at = pages.length - 1;
   for (const [n] of marks) { const i = pages.findIndex((p) => SVGS[p].includes(`"node u${n}"`)); if (i >= 0) { at = i; break; } }
   const buttons = pages.length > 1 ? pages.map((_, i) => el("button", { text: String(i + 1), onclick: () => show(i) })) : [];
-  if (buttons.length) bar.append(`page `, ...buttons, el("span", { class: "muted", text: ` of ${pages.length} (${200} nodes a page)` }));
+  if (buttons.length) bar.append(`page `, ...buttons, el("span", { class: "muted", text: ` of ${pages.length}` }));
+  let fit = false;
+  const fitButton = el("button", { class: "fit", text: "fit", title: "the whole page of the graph in the pane, or its natural size",
+    onclick: () => { fit = !fit; fitButton.classList.toggle("on", fit); show(at); } });
+  bar.append(" ", fitButton);
   function show(i) {
     at = i;
     buttons.forEach((b, j) => b.classList.toggle("on", j === i));
     box.innerHTML = SVGS[pages[i]];
+    const svg = box.querySelector("svg");
+    if (fit && svg) { svg.setAttribute("width", "100%"); svg.removeAttribute("height"); }
     let first = null;
     for (const [n, cls] of marks) for (const g of box.querySelectorAll(`g.u${n}`)) { g.classList.add(cls); first = first || g; }
-    if (first) first.scrollIntoView({ block: "center", inline: "center" });
+    // the marked node in view, else the graph's root (at the bottom, in the middle): the pane scrolls, not the page
+    // (once the pane is in the page and laid out: the next frame)
+    requestAnimationFrame(() => {
+      const target = first ? first.getBoundingClientRect() : null, frame = box.getBoundingClientRect();
+      if (target) { box.scrollLeft += target.left - frame.left - frame.width / 2; box.scrollTop += target.top - frame.top - frame.height / 2; }
+      else { box.scrollLeft = (box.scrollWidth - box.clientWidth) / 2; box.scrollTop = box.scrollHeight; }
+    });
   }
   show(at);
   return pane;
