@@ -126,3 +126,15 @@ def test_a_view_passed_to_a_jit_function_is_its_values():
   base = Tensor(a)
   for start in (1, 0, 1, 0):   # captured, then replayed with another view of the same shape
     same(double(base[:, start::2]), a[:, start::2] * 2)
+
+
+def test_realize_of_a_view_of_a_lazy_tensor_computes_that_tensor():
+  """A product's result is a view (a reshape) of its lazy reduction: realize() computes the reduction, and the view
+  then reads its memory (a benchmark timing `(a @ b).realize()` times the product, not nothing)."""
+  a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones((4, 2), np.float32)
+  y = (Tensor(a) @ Tensor(b)).realize()
+  assert y.is_realized
+  s = (Tensor(a) * 2)[1:]
+  s.realize()
+  assert s.uop.src[0].op.name == "BUFFER"
+  same(y, a @ b); same(s, (a * 2)[1:])
