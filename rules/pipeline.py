@@ -21,7 +21,7 @@ from .symbolic import symbolic_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
-from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
+from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
 
@@ -50,8 +50,8 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
-  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage
-  grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
+  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage (a
+                              # caller may preset one: a policy, a GPU's SM count)
   host: HostContext | None = None  # set by the runtime before the host stages run
 
 
@@ -69,12 +69,6 @@ def _group_ctx(run: Run) -> GroupDecisions:
 def _fuse_ctx(run: Run) -> FuseContext:
   run.fuse = FuseContext(set(run.outputs))
   return run.fuse
-
-
-def _grid_ctx(run: Run) -> GridContext:
-  # a fresh context per kernel; what a caller preset (a policy, the device's SM count) is kept
-  run.grid = GridContext() if run.grid is None else GridContext(choose=run.grid.choose, multiprocessors=run.grid.multiprocessors)
-  return run.grid
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
@@ -150,12 +144,14 @@ pipeline = Pipeline([
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   Stage("symbolic", symbolic_rules, "kernel"),
-  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
-  Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
-  Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
-  # the opt stage's plan is chosen by a policy (choose_plan) before its rule records it on the kernel
+  # the opt stage's plan is chosen by a policy (choose_plan: the device's heuristic, the search's pick) before its rule
+  # records it on the kernel; on a GPU the loops and parts its global, local and group records name become block and
+  # thread indices (opt_grid) once split and packed, before the register tiles are unrolled
   Stage("opt", plan_rules, "kernel", opt_context, prepare=choose_plan),
-  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES[:4]),
+  Stage("opt_grid", grid_rules, "kernel", opt_context, applies=_on_device_loops, prepare=lay_out_grid),
+  Stage("opt_grid_index", gpu_index_rules, "kernel", applies=_on_device_loops),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES[4:]),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),

@@ -21,7 +21,8 @@ from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
-from rules.gpu import launch_dims, GridContext, MULTIPROCESSORS
+from rules.gpu import launch_dims, MULTIPROCESSORS
+from rules.opt import OptContext
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
@@ -79,7 +80,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
+  if (sms := _multiprocessors(device, device_loops)): run.opt = OptContext(device_loops=True, multiprocessors=sms)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
