@@ -18,6 +18,7 @@ from .realize import realize_rules, kernelize_rules, group_rules, RealizeContext
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
+from .one_hot import one_hot_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
@@ -143,7 +144,8 @@ pipeline = Pipeline([
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
-  Stage("symbolic", symbolic_rules, "kernel"),
+  # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
+  Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
   # the opt stage's plan is chosen by a policy (choose_plan: the device's heuristic, the search's pick) before its rule
   # records it on the kernel; on a GPU the loops and parts its global, local and group records name become block and
   # thread indices (opt_grid) once split and packed, before the register tiles are unrolled
