@@ -30,6 +30,17 @@ def tile_plans(i: int, j: int, k: int, batch: int = 0):
   return out
 
 
+def torch_time(fn) -> float:
+  """Seconds of one call of a torch function on the GPU: the median of 10 after 3 warm-ups, CUDA events."""
+  import torch
+  for _ in range(3): fn()
+  s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+  ts = []
+  for _ in range(10):
+    s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
+  return float(np.median(ts))
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--sizes", default="4096,1024")
@@ -58,13 +69,6 @@ def main():
     # torch: cuBLAS strict fp32 (+ its epilogue kernel: eager), and the same through torch.compile
     xa, xb, xbias = (torch.from_numpy(v).cuda() for v in (a, b, bias))
     f = (lambda: torch.nn.functional.gelu(xa @ xb + xbias, approximate="tanh")) if linear else (lambda: xa @ xb)
-    def torch_time(fn):
-      for _ in range(3): fn()
-      s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-      ts = []
-      for _ in range(10):
-        s.record(); fn(); e.record(); e.synchronize(); ts.append(s.elapsed_time(e) / 1e3)
-      return float(np.median(ts))
     eager = torch_time(f)
     print(f"\n{name}: torch eager {eager * 1e3:.3f} ms ({flops / eager / 1e12:.1f} TFLOP/s)")
     if linear:

@@ -14,14 +14,19 @@ whose reads walk memory along its reduced axis (`walks_rows`: a row reduction, n
 row length; every reader must read the result only broadcast along the reduced axes (else it would be recomputed per
 element); nothing between the two kernels may write what the reduction reads.
 
-Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
-which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg
-`GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads), how many rows a
-block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
-lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
-the index every planned loop becomes, for the next stage.
+The plan (one type for both devices: rules/opt's `Plan` of `Opt(kind, axis, amount)` records) is chosen by stage
+`opt`'s policy; on a GPU, without a search's or a user's pick, by `gpu_plan`: a product's tile plan
+(rules/opt/gpu_tile.py) where its sizes divide a tile, else a rows plan (`grid_plan`). A GPU plan holds the GPU's
+kinds: `global(a)` (loop a, what the splitting records leave of it, runs on blocks; several merge row-major), `local(a,
+n)` (n lanes of a block), `group(a, n)` (a reduction loop over n lanes, combined across them), and a rows plan's
+records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread).
 
-Stage `gpu_grid` (kernel scope, `grid_rules`, the same ctx): carries the plan out with rules on the loops:
+A **tile plan** also holds the CPU's kinds: `split`/`upcast` (a register tile), `pack(k)` of a reduction loop (its
+slices staged in shared memory, rules/opt/pack.py). Its local records split their loop like upcast ones (stage
+opt_split), and stage `opt_grid` maps the parts: `lay_out_tiles`.
+
+Stage `opt_grid` (kernel scope, `grid_rules`, ctx: `OptContext`, prepared by `lay_out_grid`, which lays the plan out
+once: `GridLayout`, the index each planned loop becomes) runs after opt_pack. For a rows plan (`lay_out_rows`):
 - a planned `RANGE` becomes its index in `SPECIAL(arg=("gidx0", blocks))` (the block) and
   `SPECIAL(arg=("lidx0", threads))` (the thread): a row loop takes the row, row = gidx0*rows_per_block + lidx0//lanes;
   a spread loop takes lane, lane+lanes, ... (lane = lidx0 % lanes: consecutive lanes read consecutive addresses);
@@ -45,7 +50,7 @@ shared by several outputs, walks memory along its row, or has too few rows to fi
 128-1024 lanes for a row of at least BLOCK_REDUCE_MIN elements, else up to a warp of lanes per row and several rows
 per block.
 
-Stage `gpu_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
+Stage `opt_grid_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
 folds the thread-index arithmetic back into flat indices, and a store whose gate the bounds decided is not gated.
 """
 from __future__ import annotations

@@ -56,9 +56,25 @@ def test_tiled_products_give_numpys_values_in_the_model_grid(case):
   elif case == "batched":
     q, k = T(2, 128, 32), T(2, 32, 64)
     t, want = q @ k, q.numpy() @ k.numpy()
-  else: t, want = (a * 2 + 1) @ b, (an * 2 + 1) @ bn
+  else:
+    g = T(64)
+    norm = (an - an.mean(1, keepdims=True)) / np.sqrt(an.var(1, keepdims=True) + 1e-5)
+    t, want = (a.layernorm(1) * g) @ b + bias, (norm * g.numpy()) @ bn + biasn
   assert plan_and_source(t)[0].count("local(") == 2
   np.testing.assert_allclose(run_on_model_gpu(t)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_a_prologue_is_computed_as_its_tile_is_staged_not_per_use():
+  # layer norm's normalize-and-scale read by a product: computed once per element while the shared tile is filled,
+  # the slice's loop only multiplies and adds what the tiles hold
+  x, w, g = T(2048, 64), T(64, 2048), T(64)
+  plan, src = plan_and_source((x.layernorm(1) * g) @ w)
+  assert "pack(2)" in plan
+  fill, steps = src[src.index("for (int ridx"):src.index("#pragma unroll")], src[src.index("#pragma unroll"):]
+  steps = steps[:steps.index("__syncthreads();")]
+  assert fill.count("*(local") == 8 and fill.count("(__syncthreads(), local") == 1   # 4 + 4 elements a lane, one wait
+  values = re.findall(r"float v\d+ = (.*);", steps)   # loads from the shared tiles, and their products
+  assert values and all(v.startswith("(*(v") or re.fullmatch(r"\(v\d+\*v\d+\)", v) for v in values) and "data" not in steps
 
 
 def tile_plans(m: int, n: int, k: int, count: int) -> list[Plan]:

@@ -1,7 +1,7 @@
 """The GPU's heuristic for a product: a tile plan (rules/gpu.py `lay_out_tiles` carries its lanes and blocks out).
 
-A kernel of one store of a float sum of products of two operand loads (a matrix product, batched, with anything
-elementwise around it: a bias, an activation, a residual, a scale, a cast) whose rows i (the loop one operand does not
+A kernel of one store of a float sum of products of two operands (a matrix product, batched, with anything
+elementwise around it: a bias, an activation, a residual, a scale, a cast; and in it: a prologue) whose rows i (the loop one operand does not
 depend on) and columns j (the other's) divide a tile, and whose reduction k divides a slice:
 
 - a block computes a BM x BN tile of outputs with BM/TM x BN/TN lanes, each lane a TM x TN register tile (upcast
@@ -9,7 +9,8 @@ depend on) and columns j (the other's) divide a tile, and whose reduction k divi
   warp read consecutive words of a shared tile (no bank conflicts) and write consecutive addresses;
 - k is split into slices of BK (`split`), and for each slice the operands' tiles are staged in shared memory (`pack`
   of the reduction loop: rules/opt/pack.py), filled by all the block's lanes with reads that follow memory, then read
-  from there by every lane of the block (each element read from memory once per block, not once per output);
+  from there by every lane of the block (each element read from memory once per block, not once per output; an
+  operand's prologue computed once per element, as its tile is filled);
 - blocks run in groups of 8 along i (`global(i, 8)`), so blocks that run at once share their tiles of B in L2;
 - every other output loop (a batch) runs on blocks.
 The epilogue is part of the store: each register of the tile goes through it before it is written. Sizes that do not
@@ -27,21 +28,20 @@ GROUP = 8   # blocks grouped along the rows
 
 
 def product_loops(sink: UOp, axes: list[UOp]) -> tuple[UOp, UOp, UOp] | None:
-  """(i, j, k) of a kernel whose one store holds one float sum over one loop k of a product of two loads, one
-  depending on i and not j, the other on j and not i (j the innermost output loop), else None."""
+  """(i, j, k) of a kernel whose one store holds one float sum over one loop k of a product of two factors (loads, or
+  elementwise expressions of loads: a prologue), one moving with i and not j, the other with j and not i (j the
+  innermost output loop), both with k; else None."""
   if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE: return None
   reds = [n for n in sink.src[0].src[1].toposort if n.op is Ops.REDUCE]
   if len(reds) != 1 or reds[0].arg is not Ops.ADD or not reds[0].dtype.is_float or len(reds[0].src) != 2: return None
   red, outs = reds[0], [r for r in axes if r.arg[0] == "out"]
-  loads = [n for n in red.src[0].toposort if n.op is Ops.LOAD]
-  if len(outs) < 2 or len(loads) != 2 or any(len(ld.src) != 1 for ld in loads): return None
+  if len(outs) < 2 or red.src[0].op is not Ops.MUL: return None
   j, k = outs[-1], red.src[1]
-  b_loads = [ld for ld in loads if j in ld.toposort]
-  if len(b_loads) != 1 or k not in b_loads[0].toposort: return None
-  a = next(ld for ld in loads if ld is not b_loads[0])
-  rows = [r for r in outs[:-1] if r in a.toposort and r not in b_loads[0].toposort]
-  if not rows or k not in a.toposort or j in a.toposort: return None
-  return rows[-1], j, k
+  fa, fb = red.src[0].src
+  if j in fa.toposort: fa, fb = fb, fa
+  if j in fa.toposort or j not in fb.toposort or k not in fa.toposort or k not in fb.toposort: return None
+  rows = [r for r in outs[:-1] if r in fa.toposort and r not in fb.toposort]
+  return (rows[-1], j, k) if rows else None
 
 
 def tile_plan(sink: UOp, axes: list[UOp], multiprocessors: int) -> Plan | None:

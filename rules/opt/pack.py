@@ -11,10 +11,13 @@ It is filled by a loop nest of its own (RANGE kind "pack"), first inside the las
 the buffer is declared); the reads take
 `BARRIER(buffer, fill store, *fill loops)` as their buffer: a value that exists once the fill is done (the
 linearizer closes the fill loops there, as a REDUCE closes its loops). Values are unchanged.
+
+On a GPU (a tile plan, rules/opt/gpu_tile.py) a pack record names a reduction loop instead, and the rule is on the
+REDUCE (`stage_operands`): the factors of the product are staged, slice by slice, in the block's shared memory (`stage`).
 """
 from __future__ import annotations
 import math
-from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.linearize import nesting_key
 from rules.symbolic import terms_of
 from .plan import OptContext, OptKind
@@ -25,7 +28,7 @@ MAX_LOCAL_BYTES = 256 << 10   # a packed buffer lives on the stack of its thread
 
 def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
   if buf.op is not Ops.DEFINE_GLOBAL or len(ld.src) != 1: return None
-  if ctx.device_loops: return shared_tile(ctx, ld, idx)
+  if ctx.device_loops: return None   # a GPU stages a reduction's operands in shared memory: stage_operands
   loops = sorted((n for n in idx.toposort if n.op is Ops.RANGE), key=nesting_key)
   for o in ctx.opts_of_kind(OptKind.PACK):
     a = ctx.current_loop(o.axis)
@@ -65,56 +68,61 @@ def flat_index(loops: list[UOp], sizes: list[int]) -> UOp:
   return flat
 
 
-def shared_tile(ctx: OptContext, ld: UOp, idx: UOp) -> UOp | None:
-  """A GPU tile plan's `pack(k)`, k a reduction loop: a load inside k's outer loop (a slice) whose index moves only
-  with that slice, the block's loops and the tile's parts (lanes, registers, the slice's inner loop) reads a tile of
-  the block's shared memory, staged once per slice: `DEFINE_LOCAL` in address space "shared", laid out with the
-  reduction's parts outermost and the output's parts in their order (a row of the tile, padded by SHARED_PAD), and
-  filled by every lane of the block: element f of the tile (in the order of the operand's memory, so consecutive
-  lanes read consecutive addresses) by lane f mod threads. The reads take `BARRIER(tile, *fill stores)` as their
-  buffer: the block waits there until the tile is filled (the renderer's __syncthreads), and again at the end of the
-  slice before the next fill overwrites it."""
-  from rules.gpu import special   # (the GPU rules import this package)
-  for o in ctx.opts_of_kind(OptKind.PACK):
-    slice_loop = ctx.current_loop(o.axis)
-    if slice_loop is None or slice_loop not in idx.toposort: continue
-    loops = [q for q in idx.toposort if q.op is Ops.RANGE and q is not slice_loop]
-    parts = [q for q in loops if part_kind(q) in ("local", "upcast", "split")]
-    # what else the index moves with must be the block's (a loop of blocks): uniform over the tile
-    if any(part_kind(q) is not None and q not in parts for q in loops): return None
-    if any(part_kind(q) is None and (a := ctx.loop_axis.get(q)) is not None and not ctx.opts(a, OptKind.GLOBAL) for q in loops): return None
-    order = lambda q: (q.arg[1][1], q.arg[1][0])   # by the loop it came from, outer parts first
-    red = sorted((q for q in parts if q.arg[0] == "reduce"), key=order)
-    out = sorted((q for q in parts if q.arg[0] != "reduce"), key=order)
-    row = math.prod(q.src[0].arg for q in out)
-    stride = row + (SHARED_PAD if red and row % 32 == 0 else 0)
-    size = math.prod(q.src[0].arg for q in red) * stride
-    total, threads = math.prod(q.src[0].arg for q in parts), ctx.threads
-    if total % threads or size * ld.dtype.itemsize > MAX_SHARED_BYTES: return None
-    def slot(values: dict[UOp, UOp]) -> UOp:
-      return flat_index([values.get(q, q) for q in red], [q.src[0].arg for q in red]) * stride + \
-        flat_index([values.get(q, q) for q in out], [q.src[0].arg for q in out])
-    # the fill follows the operand's memory: the part that moves its address least varies fastest
-    fill_order = sorted(parts, key=lambda q: -abs(coefficient(idx, q)))
-    local = UOp(Ops.DEFINE_LOCAL, ld.dtype.ptr("shared"), (), (ctx.next_local(), size))
-    lane, fills = special("lidx0", threads), []
-    for c in range(total // threads):
-      f = lane + c * threads if c else lane
-      at = dict(zip(fill_order, split_flat(f, [q.src[0].arg for q in fill_order])))
-      fills.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), at_values(ld, at))))
-    filled = UOp(Ops.BARRIER, local.dtype, (local, *fills))
-    return UOp(Ops.LOAD, ld.dtype, (UOp(Ops.INDEX, local.dtype, (filled, slot({}))),))
-  return None
-
-
-def one_barrier_per_slice(ctx: OptContext, red: UOp) -> UOp | None:
-  """The shared tiles a reduction reads wait for one another's fills too: every fill of the slice comes before the
-  first wait, and the block waits once per slice, not once per tile."""
+def stage_operands(ctx: OptContext, red: UOp) -> UOp | None:
+  """A GPU tile plan's `pack(k)`, k a reduction loop: the factors of a sum of products over k's outer loop (a slice)
+  are staged in the block's shared memory once per slice, each as a whole (an elementwise prologue, layer norm's
+  `(x - mean) * rstd * g`, is computed once per element as the tile is filled, not once per use); `stage` says how."""
   if not ctx.device_loops: return None
-  tiles = [n for n in red.src[0].toposort if n.op is Ops.BARRIER and n.src[0].op is Ops.DEFINE_LOCAL and n.src[0].dtype.addrspace == "shared"]
-  fills = tuple(dict.fromkeys(s for b in tiles for s in b.src[1:]))
-  if all(b.src[1:] == fills for b in tiles): return None
-  return substitute(red, {b: b.replace(src=(b.src[0], *fills)) for b in tiles}, name="opt_pack.one_barrier")
+  slices = [q for o in ctx.opts_of_kind(OptKind.PACK) if (q := ctx.current_loop(o.axis)) is not None and q in red.src[1:]]
+  if not slices or any(n.op is Ops.DEFINE_LOCAL for n in red.src[0].toposort): return None
+  factors = list(red.src[0].src) if red.src[0].op is Ops.MUL else [red.src[0]]
+  tiles = {f: t for f in factors if (t := stage(ctx, f, slices[0])) is not None}
+  if not tiles: return None
+  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once
+  fills = tuple(st for _, sts, _ in tiles.values() for st in sts)
+  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills)), slot)),))
+           for f, (local, _, slot) in tiles.items()}
+  value = red.src[0].replace(src=tuple(reads.get(f, f) for f in factors)) if red.src[0].op is Ops.MUL else reads[red.src[0]]
+  return red.replace(src=(value, *red.src[1:]))
+
+
+def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp], UOp] | None:
+  """(the shared tile, its fill stores, the slot the reduction reads) for a factor that moves only with the slice,
+  the block's loops and the tile's parts (lanes, registers, the slice's inner loop), else None. The tile
+  (`DEFINE_LOCAL` in address space "shared") is laid out with the reduction's parts outermost and the output's parts
+  in their order (a row of the tile, padded by SHARED_PAD against bank conflicts); element f of it (in the order of
+  the operand's memory, so consecutive lanes read consecutive addresses) is filled by lane f mod threads. The reads
+  take `BARRIER(tile, *fill stores)` as their buffer: the block waits there until the tiles are filled (the
+  renderer's __syncthreads), and again at the end of the slice before the next fill overwrites them."""
+  from rules.gpu import special   # (the GPU rules import this package)
+  if slice_loop not in value.toposort or any(n.op in (Ops.REDUCE, Ops.BARRIER) for n in value.toposort): return None
+  loops = [q for q in value.toposort if q.op is Ops.RANGE and q is not slice_loop]
+  parts = [q for q in loops if part_kind(q) in ("local", "upcast", "split")]
+  # what else the value moves with must be the block's (a loop of blocks): uniform over the tile
+  if any(part_kind(q) is not None and q not in parts for q in loops): return None
+  if any(part_kind(q) is None and ((a := ctx.loop_axis.get(q)) is None or not ctx.opts(a, OptKind.GLOBAL)) for q in loops): return None
+  order = lambda q: (q.arg[1][1], q.arg[1][0])   # by the loop it came from, outer parts first
+  red = sorted((q for q in parts if q.arg[0] == "reduce"), key=order)
+  out = sorted((q for q in parts if q.arg[0] != "reduce"), key=order)
+  row = math.prod(q.src[0].arg for q in out)
+  stride = row + (SHARED_PAD if red and row % 32 == 0 else 0)
+  size = math.prod(q.src[0].arg for q in red) * stride
+  total, threads = math.prod(q.src[0].arg for q in parts), ctx.threads
+  if total % threads or size * value.dtype.itemsize > MAX_SHARED_BYTES: return None
+  def slot(values: dict[UOp, UOp]) -> UOp:
+    return flat_index([values.get(q, q) for q in red], [q.src[0].arg for q in red]) * stride + \
+      flat_index([values.get(q, q) for q in out], [q.src[0].arg for q in out])
+  # the fill follows the operand's memory (its load over the most parts): the part that moves it least varies fastest
+  main = max((n for n in value.toposort if n.op is Ops.LOAD), key=lambda n: sum(q in n.toposort for q in parts), default=None)
+  idx = main.src[0].src[1] if main is not None else value
+  fill_order = sorted(parts, key=lambda q: -abs(coefficient(idx, q)))
+  local = UOp(Ops.DEFINE_LOCAL, value.dtype.ptr("shared"), (), (ctx.next_local(), size))
+  lane, fills = special("lidx0", threads), []
+  for c in range(total // threads):
+    f = lane + c * threads if c else lane
+    at = dict(zip(fill_order, split_flat(f, [q.src[0].arg for q in fill_order])))
+    fills.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), at_values(value, at))))
+  return local, fills, slot({})
 
 
 MAX_SHARED_BYTES = 24 << 10   # a block's shared tiles together stay under 48 KiB (the static limit)
@@ -136,6 +144,6 @@ def split_flat(flat: UOp, sizes: list[int]) -> list[UOp]:
 
 
 pack_rules = PatternMatcher([
-  (UPat(Ops.REDUCE, name="red"), one_barrier_per_slice),
+  (UPat(Ops.REDUCE, name="red"), stage_operands),
   (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, src=(UPat.var("buf"), UPat.var("idx"))),)), pack_load),
 ], name="opt_pack")
