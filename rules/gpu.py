@@ -480,7 +480,7 @@ def lay_out_tiles(opt: OptContext, sink: UOp) -> GridLayout:
 def lay_out_grid(ctx: OptContext, sink: UOp) -> None:
   """The policy's plan (stage opt's prepare chose it) laid out once for stage opt_grid's rules (Stage.prepare)."""
   # (a kernel a user's stage mapped already has no plan attached: nothing to lay out)
-  if ctx.grid is not None or not isinstance(sink.arg, Plan): return
+  if ctx.grid is not None or not isinstance(sink.arg, Plan) or sink.arg is not ctx.plan: return
   ctx.grid = lay_out_tiles(ctx, sink) if is_tile_plan(ctx.plan) else lay_out_rows(ctx.plan, sink, kernel_axes_of(ctx))
 
 

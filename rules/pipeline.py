@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -23,6 +23,7 @@ from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
 from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
+from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
 
@@ -70,6 +71,11 @@ def _group_ctx(run: Run) -> GroupDecisions:
 def _fuse_ctx(run: Run) -> FuseContext:
   run.fuse = FuseContext(set(run.outputs))
   return run.fuse
+
+
+def _tensor_core_ctx(run: Run) -> TensorCoreContext:
+  sms = run.opt.multiprocessors if run.opt is not None else TensorCoreContext.multiprocessors
+  return TensorCoreContext(multiprocessors=sms)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
@@ -138,6 +144,7 @@ class Pipeline:
 
 
 pipeline = Pipeline([
+  Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
@@ -146,6 +153,8 @@ pipeline = Pipeline([
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
   Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
+  # a 16-bit product on tensor cores; a kernel it maps is mapped already for the opt stages (rules/opt/tensor_core.py)
+  Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
   # the opt stage's plan is chosen by a policy (choose_plan: the device's heuristic, the search's pick) before its rule
   # records it on the kernel; on a GPU the loops and parts its global, local and group records name become block and
   # thread indices (opt_grid) once split and packed, before the register tiles are unrolled

@@ -35,6 +35,7 @@ class OptKind(str, Enum):
                                # the kernel's global loops, merged, `amount` of them per block
   GROUP = "group"              # a reduction loop spread over `amount` lanes, each a partial, combined across the lanes
   SPLIT_REDUCE = "split_reduce"  # a host record: the reduction runs as `amount` partials and a combine (rules/gpu_split.py)
+  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 
 
@@ -157,10 +158,10 @@ def choose_plan(ctx: OptContext, sink: UOp) -> None:
   """The policy, run by the pipeline before the `opt` rules (Stage.prepare): the plan the context's chooser gives (the
   heuristic by default), checked against the kernel's loops, into the context with the loops' axis numbers. Choosing
   reads the whole kernel by nature (its shape decides), so it is a function the pipeline calls, not a rule."""
-  if isinstance(sink.arg, Plan) or sink.arg == "linear": return
-  # a kernel a user's stage mapped onto a grid already is not planned again
-  if ctx.device_loops and any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort):
-    ctx.plan, ctx.grid = Plan((), "given"), None
+  # a kernel planned already (a stage before mapped it: tensor cores, a user's stage onto a grid) is not planned again:
+  # the stages after this one find nothing of theirs in an empty plan
+  if isinstance(sink.arg, Plan) or sink.arg == "linear" or (ctx.device_loops and any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort)):
+    ctx.plan, ctx.grid, ctx.axis_of, ctx.loop_axis, ctx.padded = Plan((), "mapped"), None, {}, {}, {}
     return
   axes = kernel_axes(sink)
   if ctx.choose is not None: plan = ctx.choose(sink, axes)
