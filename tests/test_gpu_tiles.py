@@ -119,3 +119,25 @@ def test_a_tile_plan_that_does_not_fit_is_refused():
   for plan, why in zip(bad, ("does not divide", "more than a block", "reduction loop")):
     with pytest.raises(InvalidPlan, match=why):
       lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=plan: p)))
+
+
+def test_the_search_offers_valid_gpu_plans_around_the_heuristics():
+  # GRAFT_SEARCH on a GPU times plans one change away from the heuristic's: other tiles, lanes, slices, groups
+  from runtime.search import gpu_neighbours
+  from rules.opt import check_plan
+  from rules.opt.plan import kernel_axes
+  for t in (T(2048, 64) @ T(64, 2048), T(64, 2048).softmax(1), T(300, 7) + 1):
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    run = Run("CPU", parallel=False, device_loops=True, opt=gpu())
+    norm, _ = normalize(kernels[-1])
+    lower_kernel(norm, run)
+    axes = sorted(run.opt.axis_of, key=run.opt.axis_of.get)
+    valid = []
+    for p in gpu_neighbours(run.opt.plan, [r.src[0].arg for r in axes], [r.arg[0] for r in axes]):
+      try: check_plan(p, axes, device_loops=True)
+      except InvalidPlan: continue
+      valid.append(p)
+    assert len(valid) >= 3, (t.shape, run.opt.plan)
+    # and each lowers to a kernel whose launch fits a block
+    for p in valid[:3]:
+      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=p: p)))
