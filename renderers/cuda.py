@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
-from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules
+from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -139,7 +139,8 @@ class CUDARenderer:
     dims = launch_dims(linear)
     threads = dims[1][0] if dims else 1
     synced, waiting = barriers(linear)
-    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}) void', synced_loops=synced,
+    shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void', synced_loops=synced,
                    waiting_barriers=waiting)
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
