@@ -18,7 +18,8 @@ What may not change between calls (the captured program is the graph of call 2, 
     capture again).
   - Control flow that depends on tensor values (`if x.sum().item() > 0`) is that of call 2.
   - The result is a Tensor, or a tuple or list of Tensors; each replay returns new tensors (new memory).
-Tensor arguments that are lazy are realized first; an argument that is not a Tensor, a Python scalar, string,
+A jit function is called from one thread at a time (its table of captures is its own). Tensor arguments that are lazy
+are realized first; an argument that is not a Tensor, a Python scalar, string,
 None or a tuple of those is an error (it could not be compared between calls).
 """
 from __future__ import annotations
