@@ -22,6 +22,7 @@ from .one_hot import one_hot_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
+from .opt.rows import cpu_rows_fit
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .index_width import index_width_rules
@@ -69,7 +70,8 @@ def _group_ctx(run: Run) -> GroupDecisions:
 
 
 def _fuse_ctx(run: Run) -> FuseContext:
-  run.fuse = FuseContext(set(run.outputs))
+  # one mechanism on both devices: a GPU's lanes hold a row of any length, a CPU core's cache a row of some
+  run.fuse = FuseContext(set(run.outputs), admits=None if run.device_loops else cpu_rows_fit)
   return run.fuse
 
 
@@ -153,7 +155,7 @@ pipeline = Pipeline([
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
-  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
+  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
