@@ -1,5 +1,9 @@
 """Realization: which tensor-level nodes become buffers, and the kernels that fill them.
 
+Stage `share` (rule set `share_rules`, ctx: `ShareContext`, its index made by `ShareContext.index_readers` before the
+rule runs) stores once a computed value that kernels of several depths read and would each recompute from two or
+more stored values: the residual stream of a stack of layers (`store_shared_values`).
+
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
 `CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
 holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
