@@ -4,5 +4,6 @@ from rewrite import dtypes
 from .tensor import Tensor
 from .random import manual_seed
 from .args import AxisError
+from .autograd import no_grad
 
-__all__ = ["Tensor", "dtypes", "manual_seed", "AxisError"]
+__all__ = ["Tensor", "dtypes", "manual_seed", "AxisError", "no_grad"]

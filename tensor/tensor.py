@@ -22,6 +22,7 @@ from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
 from .assign import value_tensor, write
+from .autograd import AutogradMixin, grad_enabled
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -29,14 +30,21 @@ def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
   return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
 
 
-class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin):
-  """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None)` takes a numpy
-  array (its dtype is kept), nested lists or a Python scalar (int -> int32, float -> float32, bool -> bool)."""
-  __slots__ = ("uop", "shape", "device")
+class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
+  """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None,
+  requires_grad=False)` takes a numpy array (its dtype is kept), nested lists or a Python scalar (int -> int32,
+  float -> float32, bool -> bool); `requires_grad=True` makes it a target of `backward()` (tensor/autograd.py)."""
+  # _requires_grad and grad belong to the gradient API (tensor/autograd.py); tensors are weakly referenced by it
+  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
   __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
 
-  def __init__(self, data, dtype=None, device=None):
+  def __init__(self, data, dtype=None, device=None, requires_grad: bool = False):
+    self._requires_grad, self.grad = False, None
+    self._init(data, dtype, device)
+    if requires_grad: self.requires_grad = True
+
+  def _init(self, data, dtype, device):
     device = device_name(device)
     dt = None if dtype is None else to_dtype(dtype)
     if isinstance(data, Tensor):
@@ -56,11 +64,14 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
   @classmethod
   def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
     t = object.__new__(cls)
-    t.uop, t.shape, t.device = uop, tuple(shape), device
+    t.uop, t.shape, t.device, t._requires_grad, t.grad = uop, tuple(shape), device, False, None
     return t
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
-    """A tensor on this one's device (of this one's shape unless told)."""
+    """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
+    no gradient and stay as they are)."""
+    if not grad_enabled() and not (uop.op is Ops.VIEW and uop.src[0].op is Ops.CONST) and uop.op is not Ops.DETACH:
+      uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     return self._from_uop(uop, self.shape if shape is None else shape, self.device)
 
   def _const(self, value, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Tensor:

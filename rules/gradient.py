@@ -1,0 +1,213 @@
+"""Gradients as rules: reverse-mode differentiation of the tensor-level graph (docs/design.md, "The tensor-level graph").
+
+Contract of a gradient rule set (`gradient_rules`, and any rule set a user places before it): a rule matches a node
+of the tensor-level graph and is called with `ctx` = the gradient of the loss with respect to that node (a node of
+the node's shape and dtype); it returns the gradient with respect to each of the node's sources, a tuple in source
+order (None: no gradient flows into that source, an integer or a condition, say), or a dict from nodes below the
+node to their gradients (a rule for a composition of several primitives: the gradient skips the nodes between).
+Every primitive op has a rule; a composition (matmul, softmax, layernorm, gelu) needs none.
+
+`gradients(root, root_grad, targets)` is the reverse walk: over the nodes between `root` and the targets, latest
+first, it applies the rules and sums the gradients of a node read by several others. It runs the rule sets of the
+pipeline's "gradient" scope in order (the first rule that answers wins), so `pipeline.insert("gradient", my_rules,
+where="before")` gives an op of a user's its own gradient (docs/rules.md); REWRITE_STATS counts it like any stage.
+Only floating-point nodes carry gradients: a path through an integer or bool node (a comparison, a cast to int) is
+cut there, as in torch.
+"""
+from __future__ import annotations
+import contextlib, math
+from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each
+from .shapes import shape_of
+from .strided_view import View
+
+LN_2 = math.log(2)
+
+
+# ---- building tensor-level nodes (shapes are derived, not stored: every helper keeps sources of one shape) ----
+def const_like(u: UOp, value, dtype: DType | None = None) -> UOp:
+  """The constant `value` in u's shape (VIEW(CONST) with strides 0, the graph's form of a broadcast constant)."""
+  shape = shape_of(u)
+  dtype = dtype or u.dtype
+  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
+
+
+def move(u: UOp, fn) -> UOp:
+  """u moved by `fn` (a View -> View movement, None where no single View can say it): onto u's own VIEW when one View
+  says both, else a VIEW on top of u's contiguous layout. The front end's movements do the same (tensor/movement.py)."""
+  shape = shape_of(u)
+  stacked = fn(View.contiguous(shape))
+  if stacked.is_contiguous and stacked.shape == shape: return u
+  if u.op is Ops.VIEW and (merged := fn(u.arg)) is not None:
+    src = u.src[0]
+    if merged.is_contiguous and src.op not in (Ops.BUFFER, Ops.CONST) and shape_of(src) == merged.shape: return src
+    return UOp(Ops.VIEW, u.dtype, (src,), merged)
+  return UOp(Ops.VIEW, u.dtype, (u,), stacked)
+
+
+def reshape(u: UOp, shape) -> UOp: return move(u, lambda v: v.reshape(tuple(shape)))
+def expand(u: UOp, shape) -> UOp: return move(u, lambda v: v.expand(tuple(shape)))
+def permute(u: UOp, order) -> UOp: return move(u, lambda v: v.permute(tuple(order)))
+def flip(u: UOp, axes) -> UOp: return move(u, lambda v: v.flip(tuple(axes))) if axes else u
+def pad(u: UOp, padding) -> UOp: return u if not any(b or a for b, a in padding) else move(u, lambda v: v.pad(tuple(padding)))
+def shrink(u: UOp, bounds) -> UOp: return move(u, lambda v: v.shrink(tuple(bounds)))
+
+
+def sum_axes(u: UOp, axes) -> UOp:
+  """u summed over `axes`, which are dropped. The summed axes are moved last first: a product summed over an inner
+  axis (the gradient of a matmul's operand) becomes a sum over the last axis, the form a library gemm is for."""
+  shape = shape_of(u)
+  axes = sorted(set(axes))
+  kept = [d for d in range(len(shape)) if d not in axes]
+  if not axes: return u
+  if any(shape[d] != 1 for d in axes):
+    moved = permute(u, kept + axes)
+    red = UOp(Ops.REDUCE_AXIS, u.dtype, (moved,), (Ops.ADD, tuple(range(len(kept), len(shape)))))
+    u = red
+  return reshape(u, tuple(shape[d] for d in kept))
+
+
+def broadcast_back(g: UOp, shape) -> UOp:
+  """g (a reduction's shape: 1 on the reduced axes) expanded to `shape`."""
+  return expand(g, shape)
+
+
+# ---- the gradient of a view: the transpose of a strided read ----
+def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
+  """The gradient with respect to the source of `view` (of shape src_shape, read through its contiguous layout) of g,
+  the gradient with respect to the view: each source element receives the sum of g over every index that reads it.
+
+  Built from movements and sums only: the masked part reads nothing (shrink g to the mask), stride-0 axes read one
+  element many times (sum them), negative strides read backwards (flip). What is left reads `offset + sum(i * st)`
+  with positive strides; placed innermost first, each axis lays its s rows of the length L built so far at stride st:
+  rows that do not overlap (st >= L) are padded to st and joined by a reshape; rows that overlap (a convolution's
+  windows) are padded so that a reshape shifts row r by r*st, then summed. The flat result is padded to the source."""
+  n = math.prod(src_shape)
+  if view.size == 0 or view.is_padding: return reshape(const_like(g, 0.0) if not shape_of(g) else _zeros(g, (n,)), src_shape)
+  if view.mask is not None:
+    g, view = shrink(g, view.mask), view.shrink(view.mask)
+  zero = [d for d, st in enumerate(view.strides) if st == 0]
+  g = sum_axes(g, zero)
+  keep = [d for d, st in enumerate(view.strides) if st != 0]
+  shape, strides, offset = [view.shape[d] for d in keep], [view.strides[d] for d in keep], view.offset
+  neg = [i for i, st in enumerate(strides) if st < 0]
+  g = flip(g, neg)
+  for i in neg: offset += (shape[i] - 1) * strides[i]; strides[i] = -strides[i]
+  order = sorted(range(len(strides)), key=lambda i: -strides[i])
+  g = permute(g, order)
+  shape, strides = [shape[i] for i in order], [strides[i] for i in order]
+  g, length = reshape(g, (*shape, 1)), 1
+  for d in reversed(range(len(shape))):
+    s, st, outer = shape[d], strides[d], tuple(shape[:d])
+    nd = len(outer)
+    if st >= length:  # rows apart: pad each to the stride, join them
+      g = pad(g, ((0, 0),) * (nd + 1) + ((0, st - length),))
+      g = reshape(g, (*outer, s * st))
+      g = shrink(g, tuple((0, x) for x in outer) + ((0, (s - 1) * st + length),))
+    else:  # overlapping rows: in rows of length P = T + st, row r starts at r*P; read as rows of T it starts at r*st
+      total = (s - 1) * st + length
+      g = pad(g, ((0, 0),) * (nd + 1) + ((0, total + st - length),))
+      g = reshape(g, (*outer, s * (total + st)))
+      g = shrink(g, tuple((0, x) for x in outer) + ((0, s * total),))
+      g = sum_axes(reshape(g, (*outer, s, total)), [nd])
+    length = (s - 1) * st + length
+  g = pad(g, ((offset, n - offset - length),))
+  return reshape(g, src_shape)
+
+
+def _zeros(like: UOp, shape) -> UOp:
+  return UOp(Ops.VIEW, like.dtype, (UOp.const(like.dtype, 0.0),), View(tuple(shape), (0,) * len(shape)))
+
+
+# ---- the rules: ctx is the incoming gradient, the result the gradients of the sources ----
+def _max_grad(ctx: UOp, node: UOp):
+  # ties share the gradient equally (torch's maximum and amax)
+  a, b = node.src
+  half = ctx * const_like(ctx, 0.5)
+  zero = const_like(ctx, 0.0)
+  a_wins, b_wins = b < a, a < b
+  return (a_wins.where(ctx, b_wins.where(zero, half)), b_wins.where(ctx, a_wins.where(zero, half)))
+
+
+def _reduce_grad(ctx: UOp, node: UOp):
+  op, axes = node.arg
+  x = node.src[0]
+  shape = shape_of(x)
+  g = broadcast_back(ctx, shape)
+  if op is Ops.ADD: return (g,)
+  if op is not Ops.MAX: return None
+  # the maximum's gradient goes to every element equal to it, shared equally among them (torch's amax)
+  hit = x.ne(broadcast_back(node, shape)).ne(True)
+  ones = hit.where(const_like(x, 1.0), const_like(x, 0.0))
+  count = UOp(Ops.REDUCE_AXIS, x.dtype, (ones,), (Ops.ADD, axes))
+  return (ones * broadcast_back(ctx / count, shape),)
+
+
+def _view_grad(ctx: UOp, node: UOp):
+  src = node.src[0]
+  if src.op is Ops.CONST: return (None,)
+  return (unview(ctx, node.arg, shape_of(src)),)
+
+
+def _sin_grad(ctx: UOp, x: UOp):
+  h = UOp(Ops.SIN, x.dtype, (x * const_like(x, 0.5),))
+  return (ctx * (const_like(x, 1.0) - const_like(x, 2.0) * h * h),)   # cos x = 1 - 2 sin^2(x/2), as tensor cos
+
+
+gradient_rules = PatternMatcher([
+  (UPat(Ops.ADD, name="node"), lambda ctx, node: (ctx, ctx), "grad_add"),
+  (UPat(Ops.MUL, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0]), "grad_mul"),
+  (UPat(Ops.MULACC, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0], ctx), "grad_mulacc"),
+  (UPat(Ops.NEG), lambda ctx: (-ctx,), "grad_neg"),
+  (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx / b, -(ctx * a) / (b * b)), "grad_fdiv"),
+  (UPat(Ops.RECIP, name="node"), lambda ctx, node: (-(ctx * node * node),), "grad_recip"),
+  (UPat(Ops.SQRT, name="node"), lambda ctx, node: (ctx / (node * const_like(node, 2.0)),), "grad_sqrt"),
+  (UPat(Ops.EXP2, name="node"), lambda ctx, node: (ctx * node * const_like(node, LN_2),), "grad_exp2"),
+  (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: (ctx / (x * const_like(x, LN_2)),), "grad_log2"),
+  (UPat(Ops.SIN, src=(UPat.var("x"),)), _sin_grad),
+  (UPat(Ops.MAX, name="node"), _max_grad),
+  # piecewise constant: no gradient (torch's floor, round, comparisons); integer ops never carry one
+  (UPat((Ops.TRUNC, Ops.CMPLT, Ops.CMPNE, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST),
+        name="node"), lambda node: (None,) * len(node.src), "no_gradient"),
+  (UPat(Ops.WHERE, src=(UPat.var("c"), UPat(), UPat())),
+   lambda ctx, c: (None, c.where(ctx, const_like(ctx, 0.0)), c.where(const_like(ctx, 0.0), ctx)), "grad_where"),
+  (UPat(Ops.CAST, src=(UPat.var("x"),)), lambda ctx, x: (ctx.cast(x.dtype) if x.dtype.is_float else None,), "grad_cast"),
+  (UPat(Ops.REDUCE_AXIS, name="node"), _reduce_grad),
+  (UPat(Ops.VIEW, name="node"), _view_grad),
+  (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,), "grad_contiguous"),
+  (UPat(Ops.DETACH), lambda: (None,), "detached"),
+  (UPat(Ops.COPY, name="node"), lambda ctx, node: (UOp(Ops.COPY, ctx.dtype, (ctx,), (node.arg[1], node.arg[0])),), "grad_copy"),
+  (UPat(Ops.ASSIGN), lambda ctx: (None, ctx), "grad_assign"),
+], name="gradient")
+
+
+class GradientError(RuntimeError):
+  """A node on the path from the loss to a target that no gradient rule answers for."""
+
+
+def _stages() -> list[tuple[str, PatternMatcher]]:
+  from .pipeline import pipeline
+  return [(s.name, s.rules) for s in pipeline if s.scope == "gradient"]
+
+
+def gradients(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]:
+  """The gradient of `root` (seeded with `root_grad`, of root's shape) with respect to each target (None for a target
+  the root does not depend on through floating-point nodes). Targets are nodes of root's graph."""
+  order = list(root.toposort)  # sources before users
+  wanted = set(targets)
+  on_path: set[UOp] = set()
+  for n in order:
+    if n in wanted or (n.dtype.is_float and n.op is not Ops.DETACH and any(s in on_path for s in n.src)): on_path.add(n)
+  grads: dict[UOp, UOp] = {root: root_grad} if root in on_path else {}
+  with contextlib.ExitStack() as stack:
+    rewrites = [stack.enter_context(rewrite_each(rules, name, len(order))) for name, rules in _stages()]
+    for n in reversed(order):
+      if (g := grads.get(n)) is None or not n.src or not any(s in on_path for s in n.src): continue
+      result = next((r for rewrite in rewrites if (r := rewrite(n, g)) is not None), None)
+      if result is None:
+        raise GradientError(f"no gradient rule for {n.op} (dtype {n.dtype.name}) on the path from the loss to a "
+                            f"target; add one to the 'gradient' stage (docs/rules.md)")
+      pairs = result.items() if isinstance(result, dict) else zip(n.src, result)
+      for s, sg in pairs:
+        if sg is None or s not in on_path: continue
+        grads[s] = grads[s] + sg if s in grads else sg
+  return [grads.get(t) for t in targets]
