@@ -32,7 +32,7 @@ from .gradient import gradient_rules
 class Stage:
   name: str
   rules: PatternMatcher
-  scope: str                                    # "graph", "schedule" or "kernel"
+  scope: str                                    # "graph", "schedule", "kernel", "host" or "gradient"
   make_ctx: Callable[[Any], Any] | None = None  # run -> ctx for one application
   top_down: bool = False
   origin: str = "graft"                         # where the rule set comes from (a user's module, say)

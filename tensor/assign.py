@@ -43,15 +43,30 @@ def value_tensor(target, value, shape: tuple[int, ...], what: str):
 
 def write(target, view: View, value) -> None:
   """Write tensor `value` (already of view.shape, checked) into `target`'s memory at `view`."""
+  write_many([(target, view, value)])
+
+
+def write_many(writes: list, also=()) -> None:
+  """Each (target, view, value) of `writes` (values checked, targets distinct) written as by write(), all in ONE
+  realize, which also realizes the tensors of `also` (an optimizer's step: every parameter and state, and the
+  gradients and loss they read). Every value reads the old contents of every target."""
   from runtime.realize import realize
-  if view.size == 0: return
-  target.realize()
-  old = target.uop.src[0]
-  reads_target = old in value.uop.toposort
-  holder, buf = weakref.ref(old), old.arg
-  target.uop = None  # let go of the old version, to see who else holds it
-  del old
-  earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
-  dest = buf.split_version() if earlier_readers else buf
-  target.uop = UOp(Ops.VIEW, dest.dtype, (UOp(Ops.BUFFER, dest.dtype, (), dest),), View.contiguous(target.shape))
-  realize([(value.uop, target.device)], targets=[(target.uop.src[0], view)])
+  writes = [(t, v, x) for t, v, x in writes if v.size != 0]
+  if not writes: return
+  type(writes[0][0]).realize_all(*(t for t, _, _ in writes))
+  read = set()
+  for _, _, value in writes: read.update(value.uop.toposort)
+  for a in also: read.update(a.uop.toposort)
+  for target, _, _ in writes:
+    old = target.uop.src[0]
+    reads_target = old in read
+    holder, buf = weakref.ref(old), old.arg
+    target.uop = None  # let go of the old version, to see who else holds it
+    del old
+    earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
+    dest = buf.split_version() if earlier_readers else buf
+    target.uop = UOp(Ops.VIEW, dest.dtype, (UOp(Ops.BUFFER, dest.dtype, (), dest),), View.contiguous(target.shape))
+  also = [a for a in also if not a.is_realized]
+  outs = realize([(value.uop, target.device) for target, _, value in writes] + [(a.uop, a.device) for a in also],
+                 targets=[(target.uop.src[0], view) for target, view, _ in writes] + [None] * len(also))
+  for a, u in zip(also, outs[len(writes):]): a.uop = u
