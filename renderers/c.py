@@ -80,6 +80,20 @@ def _vector_typedefs() -> str:
   return "\n".join(lines)
 
 
+# bfloat16 is a struct of its bits (arithmetic on it does not compile, rather than silently act on integers); the
+# conversions round to nearest even, as rewrite/dtypes.py bf16_bits does on the host and CUDA's __float2bfloat16_rn
+BF16 = """
+typedef struct { unsigned short bits; } g_bf16;
+static inline float g_bf16_to_float(g_bf16 x) { union { unsigned int u; float f; } v; v.u = (unsigned int)x.bits << 16; return v.f; }
+static inline g_bf16 g_float_to_bf16(float f) {
+  union { unsigned int u; float f; } v; v.f = f;
+  g_bf16 r;
+  r.bits = f != f ? (unsigned short)((v.u >> 16) | 0x40u) : (unsigned short)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+  return r;
+}
+"""
+
+
 class CLanguage(Language):
   def math(self, fn: str, dt) -> str:
     if dt is dtypes.float32 and fn in ("exp2", "log2"): return f"g_{fn}f"
@@ -88,7 +102,7 @@ class CLanguage(Language):
 
 # gcc 12 does not vectorize some loops inside OpenMP's outlined parallel region (a convolution's inner loop gets "no
 # vectype"); the same loop in a function of its own does vectorize, so a parallel loop's body is one
-C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE), outline_parallel=True)
+C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE, BF16), outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:

@@ -9,7 +9,8 @@ variable of their own.
 from __future__ import annotations
 import math, re
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, DType, PtrDType, dtypes, rewrite_each
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, DType, PtrDType, dtypes, rewrite_each
+from rewrite.dtypes import bf16_bits
 
 
 @dataclass
@@ -23,16 +24,23 @@ class Language:
   outline_parallel: bool = False  # a parallel loop's body becomes a function of its own (see renderers/c.py)
   nan: str = "NAN"
   headers: tuple[str, ...] = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>")
+  # bfloat16: its type, a literal from its 16 bits, and the two conversions with float32 (the only casts it takes:
+  # tensor/ computes its arithmetic in float32)
+  bf16: str = "g_bf16"
+  bf16_bits_literal: str = "((g_bf16){{{bits:#06x}}})"
+  bf16_from_float: str = "g_float_to_bf16"
+  bf16_to_float: str = "g_bf16_to_float"
 
   def type(self, dt: DType | PtrDType) -> str:
     if isinstance(dt, PtrDType): return f"{self.type(dt.base)}*"
     if dt is dtypes.float16: return self.half
     if dt is dtypes.bool: return self.bool_type
-    if dt is dtypes.bfloat16: raise TypeError("bfloat16 is not supported by this renderer")
+    if dt is dtypes.bfloat16: return self.bf16
     return dt.cname
 
   def literal(self, dt: DType, v) -> str:
     if dt.is_bool: return "1" if v else "0"
+    if dt is dtypes.bfloat16: return self.bf16_bits_literal.format(bits=int(bf16_bits([v])[0]))
     if dt.is_float:
       if math.isnan(v): s = self.nan
       elif math.isinf(v): s = self.infinity if v > 0 else f"(-{self.infinity})"
@@ -92,7 +100,22 @@ def loop_head(ctx: RenderContext, r: UOp) -> str:
   return f"for ({ctx.lang.type(r.dtype)} {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
 
 
+def _cast(ctx: RenderContext, x: UOp) -> str:
+  src = x.src[0].dtype
+  if dtypes.bfloat16 not in (x.dtype, src): return f"(({ctx.lang.type(x.dtype)})({ctx[x.src[0]]}))"
+  if src is dtypes.float32: return f"{ctx.lang.bf16_from_float}({ctx[x.src[0]]})"
+  if x.dtype is dtypes.float32: return f"{ctx.lang.bf16_to_float}({ctx[x.src[0]]})"
+  raise TypeError(f"a cast from {src.name} to {x.dtype.name}: bfloat16 converts only to and from float32 (Tensor.cast goes through it)")
+
+
+def _no_bf16_arithmetic(x: UOp) -> None:
+  if x.op is not Ops.WHERE and any(s.dtype is dtypes.bfloat16 for s in (x, *x.src)):
+    raise TypeError(f"{x.op} on bfloat16 reached the renderer: bfloat16 arithmetic is computed in float32 "
+                    f"(tensor/elementwise.py _alu); a rule that makes it must do the same")
+
+
 cstyle_rules = PatternMatcher([
+  (UPat(GroupOp.ALU, name="x"), _no_bf16_arithmetic),
   (UPat(Ops.CONST, name="c"), lambda ctx, c: ctx.lang.literal(c.dtype, c.arg), "render_const"),
   (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}", "render_define_global"),
   (UPat(Ops.INDEX, name="i"), lambda ctx, i: f"({ctx[i.src[0]]}+{ctx[i.src[1]]})", "render_index"),
@@ -117,7 +140,7 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.TRUNC, name="x"), lambda ctx, x: f"{ctx.lang.math('trunc', x.dtype)}({ctx[x.src[0]]})", "render_trunc"),
   (UPat(Ops.MULACC, name="x"), lambda ctx, x: f"{ctx.lang.math('fma', x.dtype)}({', '.join(ctx[s] for s in x.src)})", "render_mulacc"),
   (UPat(Ops.WHERE, name="x"), lambda ctx, x: f"({ctx[x.src[0]]}?{ctx[x.src[1]]}:{ctx[x.src[2]]})", "render_where"),
-  (UPat(Ops.CAST, name="x"), lambda ctx, x: f"(({ctx.lang.type(x.dtype)})({ctx[x.src[0]]}))", "render_cast"),
+  (UPat(Ops.CAST, name="x"), _cast, "render_cast"),
 ], name="render.cstyle")
 
 # values that are named by their text rather than given a variable

@@ -48,7 +48,11 @@ class CUDALanguage(Language):
   half: str = "half"
   infinity: str = "__int_as_float(0x7f800000)"
   nan: str = "__int_as_float(0x7fffffff)"
-  headers: tuple[str, ...] = ("#include <cuda_fp16.h>", PRELUDE)
+  headers: tuple[str, ...] = ("#include <cuda_fp16.h>", "#include <cuda_bf16.h>", PRELUDE)
+  bf16: str = "__nv_bfloat16"
+  bf16_bits_literal: str = "__ushort_as_bfloat16((unsigned short){bits:#06x})"
+  bf16_from_float: str = "__float2bfloat16_rn"
+  bf16_to_float: str = "__bfloat162float"
 
   def math(self, fn: str, dt) -> str:
     # half math goes through float (cuda_fp16.h converts both ways)

@@ -20,6 +20,10 @@ class DType:
   @property
   def is_float(self) -> bool: return self.kind == 'f'
   @property
+  def is_half(self) -> bool:
+    """A 16-bit float (float16, bfloat16): computed in float32 and rounded back where a chain would lose accuracy."""
+    return self.kind == 'f' and self.itemsize == 2
+  @property
   def is_int(self) -> bool: return self.kind in 'iu'
   @property
   def is_unsigned(self) -> bool: return self.kind == 'u'
@@ -78,7 +82,9 @@ class dtypes:
   uint32 = DType("uint32", 4, 'u', "unsigned int", "uint32")
   uint64 = DType("uint64", 8, 'u', "unsigned long long", "uint64")
   float16 = DType("float16", 2, 'f', "half", "float16")
-  bfloat16 = DType("bfloat16", 2, 'f', "__bf16", None)
+  # stored as its 16 bits (float32's top half); arithmetic on it happens in float32 (tensor/elementwise.py), as torch
+  # does, so a renderer only loads, stores, selects and converts it (bf16_bits / bf16_to_float32 on the host)
+  bfloat16 = DType("bfloat16", 2, 'f', "g_bf16", None)
   float32 = DType("float32", 4, 'f', "float", "float32")
   float64 = DType("float64", 8, 'f', "double", "float64")
   void = DType("void", 0, 'v', "void", None)
@@ -122,3 +128,24 @@ class dtypes:
     if d.is_bool: return True
     if d.is_int: return 2 ** (8 * d.itemsize) - 1 if d.is_unsigned else 2 ** (8 * d.itemsize - 1) - 1
     return float("inf")
+
+
+# ---- bfloat16 on the host: numpy has no such dtype, so its values travel as their 16 bits in a uint16 array ----
+def bf16_bits(x) -> np.ndarray:
+  """Each value of `x`, as float32, rounded to the nearest bfloat16 (ties to even, as the renderers' float32 ->
+  bfloat16 conversion does), as uint16 bits. NaN stays a (quiet) NaN, infinities stay infinite."""
+  f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+  u = f.view(np.uint32).astype(np.uint64)
+  rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)   # carries into the exponent as it should
+  return np.where(np.isnan(f), ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def bf16_to_float32(bits) -> np.ndarray:
+  """uint16 bfloat16 bits -> the same values as float32 (exact: bfloat16 is float32 with 16 bits of mantissa cut)."""
+  b = np.asarray(bits, dtype=np.uint16)
+  return (b.reshape(-1).astype(np.uint32) << 16).view(np.float32).reshape(b.shape)
+
+
+def bf16_round(x: float) -> float:
+  """A Python float rounded to the nearest bfloat16 (the value a bfloat16 constant holds)."""
+  return float(bf16_to_float32(bf16_bits([x]))[0])

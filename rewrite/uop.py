@@ -4,7 +4,7 @@ Building a UOp equal to a live one returns that very object, so `a is b` is stru
 subexpressions are shared for free, and a UOp keys a dict by identity in O(1).
 """
 from __future__ import annotations
-import itertools, math, weakref
+import math, weakref
 from typing import Any, Iterator
 from .ops import Ops, GroupOp
 from .dtypes import DType, PtrDType, dtypes
@@ -20,7 +20,7 @@ def _arg_key(arg):
 class _UOpFields:
   # The fields are set on an instance of this mutable base, then the instance becomes a UOp by a __class__ switch:
   # that is three times cheaper than object.__setattr__ on an immutable class, and UOp construction is a hot path.
-  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "_structure", "__weakref__")
+  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "__weakref__")
 
 
 _cache: dict[tuple, weakref.ReferenceType] = {}
@@ -94,29 +94,6 @@ class UOp(_UOpFields):
     return order
 
   def sparents(self) -> Iterator[UOp]: return iter(self.toposort)
-
-  @property
-  def structure(self) -> int:
-    """A number that two graphs share exactly when they have one structure over the same objects of identity (the
-    runtime's buffers): a cache key that outlives the graph, where the node itself (hash-consed, so equal graphs are
-    one node while it lives) cannot, since holding it would hold the buffers. Computed once per node, from its
-    sources' numbers: a graph rebuilt over old nodes numbers only its new ones."""
-    try: return _UOpFields._structure.__get__(self)
-    except AttributeError: pass
-    get, put = _UOpFields._structure.__get__, _UOpFields._structure.__set__
-    stack = [self]
-    while stack:  # sources first, stopping at numbered nodes
-      node = stack[-1]
-      try: get(node); stack.pop(); continue
-      except AttributeError: pass
-      numbers, missing = [], []
-      for s in node.src:
-        try: numbers.append(get(s))
-        except AttributeError: missing.append(s)
-      if missing: stack.extend(missing); continue
-      put(node, _number_of((node.op, node.dtype, _structural_arg(node.arg), tuple(numbers))))
-      stack.pop()
-    return get(self)
 
   # ---- construction helpers ----
   @staticmethod
@@ -227,29 +204,6 @@ def _with_src(n: UOp, src: tuple) -> UOp:
     if (first := ref()) is not None: return first
     _cache[key] = w  # the entry was a dead node's
   return u
-
-
-# structure -> its number. Numbers are never reused, so forgetting the table (when it grows past a bound) can only
-# make an old graph's number differ from its rebuilt twin's (a cache miss), never make two structures share one.
-_structures: dict[tuple, int] = {}
-_numbers = itertools.count()
-MAX_STRUCTURES = 1 << 20
-
-
-def _number_of(structure: tuple) -> int:
-  if (n := _structures.get(structure)) is not None: return n
-  if len(_structures) >= MAX_STRUCTURES: _structures.clear()
-  n = _structures[structure] = next(_numbers)
-  return n
-
-
-def _structural_arg(arg):
-  """arg as the structure table holds it: an object compared by identity (a buffer) by its id, since the table must
-  not keep it alive. The id of a dead object may come back for a new one: a cache keyed on structures checks that
-  its own objects are still alive (an id of a live object is unique)."""
-  if arg is None or arg.__class__ is float or arg.__class__ is bool: return _arg_key(arg)
-  if type(arg).__hash__ is object.__hash__ and not isinstance(arg, (Ops, DType)): return ("object", id(arg))
-  return arg
 
 
 def _short(u: UOp) -> str:

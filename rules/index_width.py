@@ -42,7 +42,8 @@ def compare_in_the_wider_type(u: UOp, x: UOp, y: UOp) -> UOp | None:
 
 
 index_width_rules = PatternMatcher([
-  (UPat(GroupOp.ALU | {Ops.CONST, Ops.RANGE, Ops.SPECIAL}, dtype=dtypes.index, name="u"), index_as_int32_or_int64),
+  # (a CAST to index: a loaded integer used as an index, rules/one_hot.py)
+  (UPat(GroupOp.ALU | {Ops.CONST, Ops.RANGE, Ops.SPECIAL, Ops.CAST}, dtype=dtypes.index, name="u"), index_as_int32_or_int64),
   (UPat(GroupOp.Comparison, name="u", src=(UPat.var("x"), UPat.var("y"))), compare_in_the_wider_type),
   (UPat(Ops.CAST, name="u", src=(UPat.var("x"),)), drop_cast_to_own_type),
 ], name="index_width")

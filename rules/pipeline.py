@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
+from .one_hot import one_hot_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
@@ -145,13 +146,15 @@ class Pipeline:
 
 
 pipeline = Pipeline([
+  Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
-  Stage("symbolic", symbolic_rules, "kernel"),
+  # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
+  Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
   Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),

@@ -20,7 +20,7 @@ refused with its reason.
 from __future__ import annotations
 import itertools, sys
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, graph_rewrite, substitute, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite, substitute, splice_sinks
 from .strided_view import View
 from .shapes import shape_of
 
@@ -150,6 +150,72 @@ realize_rules = PatternMatcher([
   # a copy between devices reads a buffer
   (UPat(Ops.COPY, name="c", src=(UPat(name="x"),)), _realize_copy_source),
 ], name="realize")
+
+
+# ---- share: a value read by kernels of several depths is stored once ----
+@dataclass
+class ShareContext:
+  """The share stage's context: its index of the tensor graph (prepare: `index_readers`), made once per realize.
+  `level[n]`: how many reductions deep n is computed (a reduction is one level above its input); `readers[n]`: the
+  lowest and highest level of the reductions and outputs that read n inline (not behind a buffer)."""
+  level: dict[UOp, int] = field(default_factory=dict)
+  readers: dict[UOp, tuple[int, int]] = field(default_factory=dict)
+  done: bool = False
+
+  def index_readers(self, sink: UOp) -> None:
+    order = list(sink.toposort)
+    for n in order:
+      below = max([self.level[s] for s in n.src], default=0)
+      self.level[n] = below + 1 if n.op is Ops.REDUCE_AXIS else below
+    for n in reversed(order):   # users before their sources
+      if n.op is Ops.SINK: continue
+      mine = self.readers.setdefault(n, (self.level[n], self.level[n]))   # unread below: an output
+      # a reduction, a buffer or a copy is where inline reading stops: n's sources are read at its level
+      lo, hi = (self.level[n],) * 2 if n.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY) else mine
+      for s in n.src:
+        old = self.readers.get(s)
+        self.readers[s] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+
+def whole_reads(x: UOp, stored: set[UOp]) -> int:
+  """How many stored values (buffers, reductions, values already chosen to be stored) x reads whole, each element at
+  most once (not through an expand): what recomputing x costs each of its readers."""
+  seen, found, stack = set(), set(), [(x, False)]
+  while stack:
+    n, expanded = stack.pop()
+    if (n, expanded) in seen: continue
+    seen.add((n, expanded))
+    if n is not x and (n in stored or n.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY)):
+      if not expanded: found.add(n)
+      continue
+    expanded = expanded or (n.op is Ops.VIEW and expands(n.arg))
+    stack.extend((s, expanded) for s in n.src)
+  return len(found)
+
+
+def store_shared_values(ctx: ShareContext, sink: UOp) -> UOp | None:
+  """Each computed value read by kernels of several depths that would have each of them read two or more stored
+  values to recompute it, stored once instead: the residual stream of a transformer (x + attention(x) read by the next
+  layer norm's mean, its variance and the product after it) is one buffer per layer, not a sum recomputed from layer 0
+  by every later kernel. Values are chosen sources first, so a value over one chosen below reads that one buffer (the
+  norm's x - mean is not stored once x is)."""
+  if ctx.done: return None
+  ctx.done = True
+  chosen: list[UOp] = []
+  for n in sink.toposort:
+    if n.op not in GroupOp.Elementwise or (r := ctx.readers.get(n)) is None or r[0] == r[1]: continue
+    if whole_reads(n, set(chosen)) >= 2: chosen.append(n)
+  if not chosen: return None
+  stored: dict[UOp, UOp] = {}
+  for n in chosen:   # sources first: each one's value reads the buffers of those below it
+    stored[n] = UOp(Ops.CONTIGUOUS, n.dtype, (substitute(n, stored),),
+                    Realized(None, "a value read by kernels of several depths, stored once (rule store_shared_values)"))
+  return substitute(sink, stored)
+
+
+share_rules = PatternMatcher([
+  (UPat(Ops.SINK, name="sink"), store_shared_values),
+], name="share")
 
 
 # ---- kernelize ----

@@ -1,7 +1,8 @@
 """`Program`: the host program of one realize (rules/host.py's steps, planned), ready to run again and again.
 
-It keeps no UOp of the user's graph: existing buffers (inputs, assignment targets) are held by weak reference, so a
-cached program never keeps the user's memory alive; buffers the realize returns are made anew on every run;
+It keeps no UOp of the user's graph and no buffer of the user's: existing buffers (inputs, assignment targets) are its
+parameters, numbered in the order `run` takes them, so one program serves every call over new data of the same kind
+and a cached program never keeps the user's memory alive; buffers the realize returns are made anew on every run;
 intermediates live in storages (rules/host.py `Storage`) taken from the device's allocator at their first ALLOC and
 given back at their last FREE.
 
@@ -9,7 +10,7 @@ given back at their last FREE.
 alive at once under the plan, `unplanned_bytes` what every intermediate in a buffer of its own would take.
 """
 from __future__ import annotations
-import time, weakref
+import time
 from typing import Callable
 import numpy as np
 from rewrite import UOp, Ops
@@ -21,16 +22,22 @@ from . import extern, pick
 
 
 class Program:
-  def __init__(self, host: UOp, kernels: dict[UOp, object], returned: list[UOp], outputs: list[tuple]):
+  def __init__(self, host: UOp, kernels: dict[UOp, object], returned: list[UOp], outputs: list[tuple], params: list[UOp]):
     """host: the planned SINK of steps; kernels: normalized kernel -> CompiledKernel; returned: the BUFFERs the realize
-    returns, in output order; outputs: (dtype, View, BUFFER) of each output's realized form."""
+    returns, in output order; outputs: (dtype, View, BUFFER) of each output's realized form; params: the existing
+    BUFFERs it reads or writes, in the order `run` takes their Buffers."""
     index: dict[UOp, int] = {}
-    names, self.table = [], []   # per buffer: ("existing", weakref) | ("new", device, size, dtype) | ("temp", None)
+    # per buffer: ("param", its number, dtype, size, device) | ("new", device, size, dtype) | ("temp", None)
+    names, self.table = [], []
     counts = {"in": 0, "out": 0, "t": 0}
+    param_of = {b: i for i, b in enumerate(params)}
+    self.params = [(b.dtype, b.arg.size, b.arg.device) for b in params]
 
     def number(b: UOp) -> int:
       if b in index: return index[b]
-      if not isinstance(b.arg, NewBuffer): kind, entry = "in", ("existing", weakref.ref(b.arg))
+      if not isinstance(b.arg, NewBuffer):
+        if b not in param_of: raise ValueError(f"host program reads {b.arg!r}, which is not one of its parameters")
+        kind, entry = "in", ("param", param_of[b], b.dtype, b.arg.size, b.arg.device)
       elif b in returned: kind, entry = "out", ("new", b.arg.device, b.arg.size, b.dtype)
       else: kind, entry = "t", ("temp", None)
       index[b] = len(names)
@@ -91,7 +98,7 @@ class Program:
     self.names, self.peak_bytes, self.unplanned_bytes = names, peak, unplanned
     calls = sum(s[0] in ("call", "extern", "pick") for s in self.steps)
     head = f"host program: {len(self.steps)} steps, {calls} calls; intermediates peak {human_bytes(peak)} (unplanned {human_bytes(unplanned)})"
-    ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {self._existing(e)}"
+    ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {e[2].name}[{e[3]}]"
            for i, e in enumerate(self.table) if e[0] != "temp"]
     self.listing = "\n".join([head, "  buffers: " + ", ".join(ios)] + [f"  {ln}" for ln in lines])
     self.ran: list[str] = []  # what DEBUG=2 says about the last run's choices
@@ -111,25 +118,25 @@ class Program:
   def _io(names: list[str], idx: list[int], written: int) -> str:
     return f"{', '.join(names[i] for i in idx[:written])} <- {', '.join(names[i] for i in idx[written:]) or '(nothing)'}"
 
-  @staticmethod
-  def _existing(entry) -> str:
-    b = entry[1]()
-    return f"{b.dtype.name}[{b.size}]" if b is not None else "(gone)"
-
   def __str__(self) -> str: return self.listing
   def __repr__(self) -> str: return f"<Program {len(self.steps)} steps, peak {self.peak_bytes} B, unplanned {self.unplanned_bytes} B>"
 
-  @property
-  def valid(self) -> bool:
-    """Every existing buffer it names is still alive (else a cached program is void)."""
-    return all(e[0] != "existing" or e[1]() is not None for e in self.table)
+  def check_inputs(self, inputs: list) -> None:
+    """Raise unless `inputs` are Buffers of the kinds (dtype, size, device) its parameters are, in order."""
+    if len(inputs) != len(self.params):
+      raise ValueError(f"this program takes {len(self.params)} buffers, not {len(inputs)}")
+    for i, (b, (dtype, size, device)) in enumerate(zip(inputs, self.params)):
+      if b.dtype is not dtype or b.size != size or b.device != device:
+        raise ValueError(f"parameter {i} of this program is a {dtype.name}[{size}] buffer on {device}, "
+                         f"not {b.dtype.name}[{b.size}] on {b.device}")
 
-  def run(self, debug: int = 0) -> list[UOp]:
-    """Run every step; the realized `VIEW(BUFFER)` of each output."""
+  def run(self, inputs: list, debug: int = 0) -> list[UOp]:
+    """Run every step on `inputs` (a Buffer per parameter, in order: their kinds are the caller's to match, as
+    `check_inputs` does); the realized `VIEW(BUFFER)` of each output."""
     buffers: list = [None] * len(self.table)
     handles: list = [None] * len(self.table)
     for i, e in enumerate(self.table):
-      if e[0] == "existing": buffers[i] = e[1](); handles[i] = buffers[i].handle
+      if e[0] == "param": buffers[i] = inputs[e[1]]; handles[i] = buffers[i].handle
       elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
     storage: list = [None] * len(self.storages)
     try:

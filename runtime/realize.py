@@ -3,7 +3,8 @@
 The host side is a program too (rules/host.py, runtime/program.py): allocations, copies, kernel calls, library calls
 and frees, with intermediate buffers sharing storage where their lifetimes do not overlap. Kernels are cached by their
 normalized form (buffers replaced by numbered slots), so a graph rebuilt every call reuses its compiled kernels; a
-graph of the same structure over the same buffers reuses its whole program. `last_program()` is the program of this
+graph of the same structure, over the same buffers or over new ones of the same kind (dtype, size, device), reuses
+its whole program: existing buffers are the program's parameters (`graph_key`). `last_program()` is the program of this
 thread's latest realize.
 
 Threads: several threads may realize at once. The caches here (`_kernels`, `_by_name`, `_plans`) are read and
@@ -13,7 +14,7 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import contextlib, hashlib, threading, time, weakref
+import contextlib, hashlib, threading, time
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute
 from rewrite.env import env_number
@@ -105,48 +106,61 @@ def last_program() -> Program | None:
   return getattr(_local, "program", None)
 
 
-# A warm call rebuilds its graph from the same tensors: the same structure over the same buffers, so its program is
-# reused (the whole pipeline is skipped). Keyed by structure, with each input buffer by identity; an entry holds its
-# buffers through weak references and is void once one of them is gone.
-_plans: dict[tuple, tuple[list, Program]] = {}
+# A warm call rebuilds its graph, over new input data as often as not: its program is found by the graph's structure
+# with each existing buffer (an input, an assignment's target) standing for its position among the program's
+# parameters, its dtype, size and device (the views it is read through are nodes of the structure), not its identity.
+# So a new input of the same kind runs the cached program with no rewrite at all, and the cache keeps no user buffer
+# alive. The table is bounded (MAX_PLANS); nothing else grows per call.
+_plans: dict[tuple, Program] = {}
 MAX_PLANS = 256
-
-
-def graph_key(uops: list[UOp]) -> tuple[int, ...]:
-  """The structure of the graphs `uops`, buffers by identity: numbers the UOps keep (UOp.structure), so a warm call
-  pays only for the nodes it built anew, and nothing walks a graph already numbered."""
-  return tuple(u.structure for u in uops)
-
-
-def input_buffers(uops: list[UOp]) -> list:
-  """The existing buffers the graphs read (a cached plan holds them weakly: it is void once one is gone)."""
-  return list(dict.fromkeys(n.arg for root in uops for n in root.toposort if n.op is Ops.BUFFER))
-
-
 Target = tuple[UOp, View]  # an assignment: the existing BUFFER an output is written into, and the View of it written
+
+
+def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tuple[tuple, list[UOp]]:
+  """(key, parameters) of the graphs `uops` written into `targets`: the key is the graphs' nodes sources first, each
+  as (op, dtype, arg, the places of its sources), an existing BUFFER as ("param", dtype, size, device); the
+  parameters are those BUFFERs, in that order (the targets' last). Exact: two graphs share a key only when one is
+  the other with its existing buffers renamed, aliasing included (a + a is not a + b). One pass over the graph."""
+  place: dict[UOp, int] = {}
+  parts: list[tuple] = []
+  params: list[UOp] = []
+  for n in (uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops))).toposort:
+    place[n] = len(parts)
+    if n.op is Ops.BUFFER and not isinstance(n.arg, NewBuffer):
+      parts.append(("param", n.dtype, n.arg.size, n.arg.device)); params.append(n)
+    else: parts.append((n.op, n.dtype, n._key[3], tuple([place[s] for s in n.src])))
+  written = []
+  for t in targets or ():
+    if t is None: written.append(None); continue
+    if t[0] not in place:
+      place[t[0]] = len(parts); parts.append(("param", t[0].dtype, t[0].arg.size, t[0].arg.device)); params.append(t[0])
+    written.append((place[t[0]], t[1]))
+  return (tuple(parts), tuple(written)), params
 
 
 def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> Program:
   """The host program computing `outputs` (graph, device), from the cache or made now; output i is written into
   `targets[i]` (an existing buffer's view) where that is given."""
+  return find_program(outputs, targets)[0]
+
+
+def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> tuple[Program, list]:
+  """(program, the Buffers to run it on: its parameters in order): the program from the cache when one of this key
+  is there (no rewrite at all), else made now and cached."""
   uops = [u for u, _ in outputs]
-  devices = [canonical_name(d) for _, d in outputs]
+  devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
-  structure = graph_key(uops)
-  target_key = tuple(None if t is None else (id(t[0].arg), t[1]) for t in targets)
-  key = (structure, tuple(devices), target_key, pipeline.version, extern.mode(), pick.split_mode())
-  with _lock: hit = _plans.get(key)
+  structure, params = graph_key(uops, targets)
+  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode())
+  with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
-  if hit is not None and not stats.active and all(r() is not None for r in hit[0]) and hit[1].valid: return hit[1]
-  cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
-  program = _build(_lower(uops, devices, targets))
-  refs = [weakref.ref(b) for b in input_buffers(uops)] + [weakref.ref(t[0].arg) for t in targets if t is not None]
-  with _lock:
-    if len(_plans) >= MAX_PLANS:
-      for k in [k for k, (rs, _) in _plans.items() if any(r() is None for r in rs)] or list(_plans)[:MAX_PLANS // 2]:
-        del _plans[k]
-    _plans[key] = (refs, program)
-  return program
+  if program is None or stats.active:
+    cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
+    program = _build(_lower(uops, list(devices), targets), params)
+    with _lock:
+      if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
+      _plans[key] = program
+  return program, [b.arg for b in params]
 
 
 @dataclass
@@ -220,7 +234,7 @@ def grid_multiprocessors(device: str) -> int | None:
   return _multiprocessors(device, True) or MULTIPROCESSORS
 
 
-def _build(low: _Lowered) -> Program:
+def _build(low: _Lowered, params: list[UOp]) -> Program:
   """Build the new kernels (one compiler call per device) and publish them, then make the program. New kernels are
   published only once all of them are built: a failure leaves no half-made entry."""
   pending: dict[str, list[CompiledKernel]] = {}
@@ -234,7 +248,7 @@ def _build(low: _Lowered) -> Program:
     if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
     _kernels.update(low.new)
     _by_name.update({(ck.name, ck.device, pipeline.version): ck for ck in low.new.values()})
-  program = Program(low.host, low.kernels, low.returned, low.outputs)
+  program = Program(low.host, low.kernels, low.returned, low.outputs, params)
   program.explanations = low.explanations
   return program
 
@@ -257,7 +271,7 @@ def plan(outputs: list[tuple[UOp, str]], device: str | None = None) -> Program:
                 for i, n in enumerate(n for u in uops for n in u.toposort if n.op is Ops.BUFFER and n.arg.device != device)}
     uops, devices = [substitute(u, stand_in) for u in uops], [device] * len(uops)
   low = _lower(uops, devices, [None] * len(uops), to_run=False)
-  return Program(low.host, low.kernels, low.returned, low.outputs)
+  return Program(low.host, low.kernels, low.returned, low.outputs, graph_key(uops)[1])
 
 
 def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) -> list[str]:
@@ -271,11 +285,11 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
-  program = build_program(outputs, targets)
+  program, inputs = find_program(outputs, targets)
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")
-  results = program.run(dbg)
+  results = program.run(inputs, dbg)
   for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
   if dbg >= 1 and program.steps:

@@ -16,7 +16,7 @@ Errors (a shape that does not broadcast to the selection, another dtype) are rai
 from __future__ import annotations
 import gc, weakref
 import numpy as np
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, dtypes
 from rules.strided_view import View
 from .promotion import is_scalar, check_fits
 
@@ -26,6 +26,8 @@ def value_tensor(target, value, shape: tuple[int, ...], what: str):
   if is_scalar(value) and not isinstance(value, np.ndarray):
     return target._const(check_fits(value, target.dtype, what), shape=shape)
   if isinstance(value, (list, tuple)): value = type(target)(value, dtype=target.dtype, device=target.device)
+  if isinstance(value, np.ndarray) and target.dtype is dtypes.bfloat16 and value.dtype.kind == 'f':
+    value = type(target)(value, dtype=target.dtype, device=target.device)   # rounded to bfloat16, as Tensor() does
   if isinstance(value, np.ndarray):
     if value.dtype != target.dtype.np:
       raise TypeError(f"{what}: a numpy array of dtype {value.dtype} cannot be written into a tensor of dtype "

@@ -51,6 +51,11 @@ def _is_operand(x) -> bool: return is_scalar(x) or hasattr(x, "uop") or isinstan
 
 
 def _alu(op: Ops, *srcs) -> object:
+  # bfloat16 arithmetic happens in float32, rounded back after each operation (torch's results; renderers then only
+  # convert, load, store and select bfloat16); a WHERE only selects, so its values stay bfloat16
+  if op is not Ops.WHERE and any(s.dtype is dtypes.bfloat16 for s in srcs):
+    out = _alu(op, *(s.float() if s.dtype is dtypes.bfloat16 else s for s in srcs))
+    return out if out.dtype.is_bool else out.cast(dtypes.bfloat16)
   dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else srcs[-1].dtype if op is Ops.WHERE else srcs[0].dtype
   return srcs[0]._new(UOp(op, dtype, tuple(s.uop for s in srcs)))
 
@@ -219,7 +224,7 @@ class ElementwiseMixin:
     if self.dtype.is_unsigned: return (self > 0).cast(self.dtype)
     return (self > 0).where(1, (self < 0).where(-1, self * 0)).cast(self.dtype)  # * 0 keeps NaN and the zero's sign
 
-  # ---- math functions (integers compute in float32; float16 computes in float32 and rounds once at the end) ----
+  # ---- math functions (integers compute in float32; 16-bit floats compute in float32 and round once at the end) ----
   def exp2(self): return _upcast_half(lambda x: _alu(Ops.EXP2, x), self)
   def log2(self): return _upcast_half(lambda x: _alu(Ops.LOG2, x), self)
   def exp(self): return _upcast_half(lambda x: _alu(Ops.EXP2, x * LOG2_E), self)
@@ -266,12 +271,12 @@ def _guard_divisor(b):
 
 
 def _upcast_half(fn, *xs):
-  """fn over float operands: integers become float32; float16 computes in float32 (more accurate than a chain of half
-  roundings, and renderable everywhere) and is rounded back once."""
+  """fn over float operands: integers become float32; float16 and bfloat16 compute in float32 (more accurate than a
+  chain of half roundings, and renderable everywhere) and are rounded back once."""
   dt = xs[0].dtype
   work = dt if dt in (dtypes.float32, dtypes.float64) else dtypes.float32
   out = fn(*(x.cast(work) for x in xs))
-  return out.cast(dt) if dt is dtypes.float16 else out
+  return out.cast(dt) if dt.is_half else out
 
 
 def _sigmoid(x):

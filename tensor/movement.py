@@ -12,6 +12,7 @@ from rules.strided_view import View
 from rules.shapes import shape_of
 from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype
+from .indexing import advanced, gather
 
 
 def strided(v: View, steps: tuple[int, ...]) -> View:
@@ -145,12 +146,15 @@ class MovementMixin:
     return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
   def __getitem__(self, idx):
-    """numpy basic indexing: ints, slices (any step), None and Ellipsis. Every form is a view."""
+    """numpy indexing: ints, slices (any step), None and Ellipsis select a view; one integer array (a Tensor, numpy
+    array or list of ints) on one axis picks elements as numpy's advanced indexing does (tensor/indexing.py):
+    `W[ids]` is an embedding lookup. Indices out of range raise IndexError."""
     idx = idx if isinstance(idx, tuple) else (idx,)
+    if any(hasattr(i, "uop") or isinstance(i, (np.ndarray, list)) for i in idx): return advanced(self, idx)
     for i in idx:
       if not (i is None or i is Ellipsis or isinstance(i, slice) or
               (isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)))):
-        raise TypeError(f"Tensor index {i!r}: only ints, slices, None and ... are supported (no tensor or list indices)")
+        raise TypeError(f"Tensor index {i!r}: only ints, slices, None, ... and integer arrays are supported")
     if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
     n_real = sum(i is not None and i is not Ellipsis for i in idx)
     if n_real > self.ndim:
@@ -175,6 +179,28 @@ class MovementMixin:
     out = self.shrink(bounds).flip(tuple(flips))
     if any(s != 1 for s in steps): out = out._view(lambda v: strided(v, tuple(steps)))
     return out.reshape(tuple(out_shape))
+
+  def gather(self, axis: int, index):
+    """numpy's take_along_axis: out[..., j, ...] = self[..., index[..., j, ...], ...] along `axis`. `index` (an
+    integer Tensor or numpy array) has this tensor's number of dimensions; the other axes broadcast."""
+    return gather(self, axis, index)
+
+  def tril(self, k: int = 0):
+    """The lower triangle of the last two axes: elements with column - row <= k kept, the others 0."""
+    return self._triangle(k, lower=True)
+
+  def triu(self, k: int = 0):
+    """The upper triangle of the last two axes: elements with column - row >= k kept, the others 0."""
+    return self._triangle(k, lower=False)
+
+  def _triangle(self, k: int, lower: bool):
+    what = "tril" if lower else "triu"
+    if self.ndim < 2: raise ValueError(f"{what} of a tensor of shape {self.shape}: it needs at least 2 dimensions")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)): raise TypeError(f"{what}(k={k!r}): k must be an int")
+    n, m = self.shape[-2:]
+    offset = self.arange(m, device=self.device).reshape(1, m) - self.arange(n, device=self.device).reshape(n, 1)
+    keep = offset <= int(k) if lower else offset >= int(k)
+    return keep.where(self, self._const(False if self.dtype.is_bool else 0, self.dtype, ()))
 
   def cat(self, *others, axis: int = 0):
     """Join tensors of one shape (but along `axis`) end to end: `Tensor.cat(a, b, c, axis=0)` or `a.cat(b, c)`.

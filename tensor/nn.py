@@ -1,5 +1,5 @@
-"""Neural-network functions, each a composition of the tensor primitives: matmul, dot, softmax, log_softmax, layernorm,
-linear, conv2d and pooling.
+"""Neural-network functions, each a composition of the tensor primitives: matmul, dot, softmax, log_softmax, logsumexp,
+layernorm, linear, masked_fill, one_hot, cross_entropy, conv2d and pooling.
 
 A matrix product is a broadcast multiply followed by a sum over the shared axis, so it fuses into ONE kernel. A
 convolution reads its input through ONE strided VIEW of sliding windows (shape (N, C, OH, OW, KH, KW) over the
@@ -7,9 +7,13 @@ padded input's layout), so it too is a multiply and a sum: one kernel, no im2col
 padded input comes first, so that the convolution's loops carry no masks).
 """
 from __future__ import annotations
+import math
+import numpy as np
 from rewrite import UOp, Ops, dtypes
 from rules.strided_view import View, compose
 from .elementwise import broadcast_shape
+from .promotion import is_scalar, py_scalar, check_fits
+from .indexing import as_index, one_hot, pick
 
 
 def _pair(v, what: str) -> tuple[int, int]:
@@ -20,10 +24,10 @@ def _pair(v, what: str) -> tuple[int, int]:
 
 
 def _mul_sum(a, b, axis, dtype=None):
-  """sum(a * b) over axis. float16 operands multiply and add up in float32 (exact products, one rounding at the
-  end), which is also the pattern a tensor-core rule looks for."""
-  if a.dtype is dtypes.float16 and b.dtype is dtypes.float16:
-    return (a.float() * b.float()).sum(axis, dtype=dtype or dtypes.float16)
+  """sum(a * b) over axis. float16 (or bfloat16) operands multiply and add up in float32 (exact products, one
+  rounding at the end), which is also the pattern a tensor-core rule looks for."""
+  if a.dtype.is_half and a.dtype is b.dtype:
+    return (a.float() * b.float()).sum(axis, dtype=dtype or a.dtype)
   return (a * b).sum(axis, dtype=dtype)
 
 
@@ -83,6 +87,60 @@ class NNMixin:
   def log_softmax(self, axis: int = -1):
     shifted = self - self.max(axis, keepdim=True)
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+  def logsumexp(self, axis=-1, keepdim: bool = False):
+    """log(sum(exp(x))) along axis, computed as max + log(sum(exp(x - max))) so that exp cannot overflow; a row of
+    -inf gives -inf (its max is taken as 0 there, not -inf, which would make x - max NaN)."""
+    m = self.max(axis, keepdim=True)
+    m = (m.abs() == math.inf).where(0.0, m) if self.dtype.is_float else m.float()
+    out = (self - m).exp().sum(axis, keepdim=True).log() + m
+    return out if keepdim else out.squeeze(axis)
+
+  def masked_fill(self, mask, value):
+    """`value` where `mask` (a bool tensor or numpy array broadcastable to this shape) is true, this tensor elsewhere;
+    the result keeps this tensor's dtype (a value it cannot hold exactly raises)."""
+    if not hasattr(mask, "uop"): mask = type(self)(np.asarray(mask), device=self.device)
+    if not mask.dtype.is_bool: raise TypeError(f"masked_fill: the mask must be a bool tensor, not {mask.dtype.name}")
+    try: ok = broadcast_shape(mask.shape, self.shape) == self.shape
+    except ValueError: ok = False
+    if not ok: raise ValueError(f"masked_fill: a mask of shape {mask.shape} does not broadcast to the tensor's {self.shape}")
+    if hasattr(value, "uop"):
+      if value.ndim != 0: raise ValueError(f"masked_fill: the value must be a scalar or a 0-d tensor, not of shape {value.shape}")
+      fill = value.cast(self.dtype)
+    elif is_scalar(value):
+      v = py_scalar(value)
+      if not self.dtype.is_float and isinstance(v, float) and not v.is_integer():
+        raise TypeError(f"masked_fill: {v!r} is no value of a {self.dtype.name} tensor; cast the tensor first")
+      v = bool(v) if self.dtype.is_bool else v if self.dtype.is_float else check_fits(int(v), self.dtype, "masked_fill")
+      fill = self._const(v, self.dtype, ())
+    else: raise TypeError(f"masked_fill: the value must be a scalar or a 0-d tensor, not {type(value).__name__}")
+    return mask.where(fill, self)
+
+  def one_hot(self, num_classes: int, dtype=None):
+    """(..., num_classes): 1 at the position this integer tensor's value names, 0 elsewhere (int32 unless `dtype`);
+    a value outside 0..num_classes-1 raises IndexError."""
+    return one_hot(self, num_classes, dtype)
+
+  def cross_entropy(self, target, reduction: str = "mean", ignore_index: int = -100):
+    """torch's cross_entropy with integer class targets: this tensor holds logits of shape (C,), (N, C) or
+    (N, C, d1, ...), the classes on axis 1 (0 when 1-d); `target` (an integer Tensor or numpy array) has that shape
+    without the class axis. The loss per position is logsumexp(logits) - logits[target]; positions whose target is
+    `ignore_index` count for nothing, and `reduction` "mean" divides by the others' count ("sum", "none" too)."""
+    if reduction not in ("mean", "sum", "none"):
+      raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+    if self.ndim == 0: raise ValueError("cross_entropy: the logits need a class axis (shape (C,) or (N, C, ...))")
+    ax = 0 if self.ndim == 1 else 1
+    want = self.shape[:ax] + self.shape[ax + 1:]
+    if not hasattr(target, "uop"): target = type(self)(np.asarray(target), device=self.device)
+    if target.shape != want:
+      raise ValueError(f"cross_entropy: logits of shape {self.shape} need targets of shape {want}, not {target.shape}")
+    x = self if self.dtype.is_float else self.float()
+    keep = target.ne(ignore_index) if not target.dtype.is_bool and not target.dtype.is_float else None
+    cls = as_index(x, target if keep is None else keep.where(target, 0), x.shape[ax], "cross_entropy target", negative=False)
+    loss = x.logsumexp(ax) - pick(x, cls.unsqueeze(ax), ax).squeeze(ax)
+    loss = keep.where(loss, 0.0)
+    if reduction == "none": return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / keep.sum()
 
   def layernorm(self, axis=-1, eps: float = 1e-5):
     """(x - mean) / sqrt(var + eps) over axis (the biased variance, as layer norm uses); no affine part."""

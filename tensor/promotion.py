@@ -6,6 +6,7 @@ turns into float64). A Python scalar is "weak": it takes the tensor's dtype when
 float16, int8 + 1 stays int8) and the default dtype of its kind otherwise (int32 tensor + 2.5 -> float32).
 A Python int that the integer dtype it meets cannot hold raises OverflowError, as in numpy 2 (int8 tensor + 300):
 never a silent wrap. Compared with such an int, a tensor gives the exact answer (int8 tensor < 300 is all true).
+float16 and bfloat16 meet in float32, as in torch (neither holds the other's values).
 """
 from __future__ import annotations
 import numpy as np
@@ -13,7 +14,7 @@ from rewrite import DType, dtypes
 
 # the dtypes a Tensor may hold; uint32 exists only inside the random generator, int16 only as uint8 + int8
 USER_DTYPES = (dtypes.bool, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
-               dtypes.float16, dtypes.float32, dtypes.float64)
+               dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 _KIND_RANK = {'b': 0, 'u': 1, 'i': 1, 'f': 2}
 
 
@@ -38,7 +39,9 @@ def promote(a: DType, b: DType) -> DType:
   if a is b: return a
   ra, rb = _KIND_RANK[a.kind], _KIND_RANK[b.kind]
   if ra != rb: return a if ra > rb else b
-  if a.is_float: return a if a.itemsize > b.itemsize else b
+  if a.is_float:
+    if a.itemsize == b.itemsize: return dtypes.float32   # float16 and bfloat16
+    return a if a.itemsize > b.itemsize else b
   if a.is_unsigned == b.is_unsigned: return a if a.itemsize > b.itemsize else b
   unsigned, signed = (a, b) if a.is_unsigned else (b, a)
   if signed.itemsize > unsigned.itemsize: return signed

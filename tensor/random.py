@@ -55,7 +55,7 @@ class RandomMixin:
   @classmethod
   def _uniform(cls, shape, key: int, device, dtype):
     # keep as many top bits as the float's significand holds, so that rounding can never reach 1.0
-    bits = {dtypes.float16: 11, dtypes.float32: 24}.get(dtype, 32)
+    bits = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24}.get(dtype, 32)
     return (cls._bits(shape, key, device) >> (32 - bits)).cast(dtype) * (2.0 ** -bits)
 
   @classmethod

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, max, min, var, std, argmax/argmin, any/all, built on REDUCE_AXIS with Ops.ADD or Ops.MAX.
+"""Reductions: sum, mean, max, min, var, std, argmax/argmin, any/all, cumsum, built on REDUCE_AXIS with Ops.ADD or Ops.MAX.
 
 REDUCE_AXIS keeps the reduced axes as size 1; without keepdim a reshape (a VIEW) drops them. The graph has only
 ADD and MAX reductions: min is max of the order-reversed values, mean is sum / n, var sums squared deviations.
@@ -22,6 +22,8 @@ class ReduceMixin:
     axes = normalize_axes(axis, self.shape, what)
     if not axes: return self
     kept = tuple(1 if d in axes else s for d, s in enumerate(self.shape))
+    if self.dtype is dtypes.bfloat16:   # compared in float32 (exact), like its arithmetic (elementwise._alu)
+      return self.float()._reduce(op, axis, keepdim, what).cast(dtypes.bfloat16)
     out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)), kept)
     return out if keepdim else out.reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
 
@@ -30,17 +32,17 @@ class ReduceMixin:
 
   def sum(self, axis=None, keepdim=False, dtype=None):
     """Sum over `axis` (int, tuple or None for all). bool and small ints sum as int32, int64 as int64 (`dtype`
-    overrides); a float16 result adds up in float32 and rounds once at the end."""
+    overrides); a float16 or bfloat16 result adds up in float32 and rounds once at the end."""
     if dtype is not None: out = to_dtype(dtype)
     elif self.dtype.is_float: out = self.dtype
     else: out = dtypes.int64 if self.dtype is dtypes.int64 else dtypes.int32
-    acc = dtypes.float32 if out is dtypes.float16 else out
+    acc = dtypes.float32 if out.is_half else out
     return self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "sum").cast(out)
 
   def mean(self, axis=None, keepdim=False):
     """Sum / count; integers average as float32."""
     out = self.dtype if self.dtype.is_float else dtypes.default_float
-    acc = dtypes.float32 if out is dtypes.float16 else out
+    acc = dtypes.float32 if out.is_half else out
     n = self._reduced_count(axis)
     return (self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "mean") / (n if n else math.nan)).cast(out)
 
@@ -63,7 +65,7 @@ class ReduceMixin:
     """Mean squared deviation with `correction` subtracted from the count (1: the unbiased sample variance;
     0: numpy's default). A count at or below the correction gives inf or NaN, as in numpy."""
     x = self if self.dtype.is_float else self.float()
-    work = x.float() if x.dtype is dtypes.float16 else x
+    work = x.float() if x.dtype.is_half else x
     dev = work - work.mean(axis, keepdim=True)
     dof = max(self._reduced_count(axis) - correction, 0)
     # numpy divides by a zero count and gets inf (or NaN for 0/0); dividing by a float 0.0 does the same
@@ -89,3 +91,15 @@ class ReduceMixin:
   def argmin(self, axis=None, keepdim=False):
     if self.dtype.is_bool: return self.logical_not().argmax(axis, keepdim)
     return _order_flip(self).argmax(axis, keepdim)
+
+  def cumsum(self, axis=None, dtype=None):
+    """Running sums along `axis` (over the flattened tensor when None, as numpy); the dtype is sum's. Each output sums
+    its prefix (`where(j <= i, x[j], 0)` over j): one kernel, n*n/2 additions along the axis, no loop-carried order."""
+    if axis is None: return self.flatten().cumsum(0, dtype)
+    ax = axis_of(axis, self.shape, "cumsum")
+    n = self.shape[ax]
+    x = self.unsqueeze(-1).transpose(ax, -1)   # the summed position j last, size 1 in the axis' place
+    i = self.arange(n, device=self.device).reshape(tuple(n if d == ax else 1 for d in range(self.ndim)) + (1,))
+    j = self.arange(n, device=self.device)
+    zero = x._const(False if x.dtype.is_bool else 0, x.dtype, ())
+    return (j <= i).where(x, zero).sum(-1, dtype=dtype)

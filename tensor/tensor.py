@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
+from rewrite.dtypes import bf16_bits, bf16_to_float32, bf16_round
 from rules.strided_view import View
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
 from .args import shape_arg, device_name, countable
@@ -26,14 +27,18 @@ from .autograd import AutogradMixin, grad_enabled
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
-  """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere."""
+  """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere. A bfloat16 constant holds
+  its rounded value (its literal is rendered from its bits, and a cast of it to float32 folds to that value)."""
+  if dtype is dtypes.bfloat16: value = bf16_round(value)
   return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
 
 
 class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
   """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None,
   requires_grad=False)` takes a numpy array (its dtype is kept), nested lists or a Python scalar (int -> int32,
-  float -> float32, bool -> bool); `requires_grad=True` makes it a target of `backward()` (tensor/autograd.py)."""
+  float -> float32, bool -> bool); `requires_grad=True` makes it a target of `backward()` (tensor/autograd.py).
+  bfloat16 (which numpy lacks) is made from float data with `dtype=dtypes.bfloat16` (rounded to nearest even) and
+  `numpy()` gives its values as float32 (exactly); `Tensor.from_bf16_bits` / `bf16_bits()` move the raw uint16 bits."""
   # _requires_grad and grad belong to the gradient API (tensor/autograd.py); tensors are weakly referenced by it
   __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
@@ -57,7 +62,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
       self.uop, self.shape, self.device = const_uop(check_fits(data, dt, "Tensor"), dt, ()), (), device
       return
     arr = _as_array(data, dt)
-    buf = _buffer(device, arr)
+    buf = _buffer(device, arr, dt)
     self.uop = UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.contiguous(arr.shape))
     self.shape, self.device = tuple(arr.shape), device
 
@@ -111,6 +116,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def __setitem__(self, index, value):
     """`t[index] = value`: ints, slices (any step), None and ... select; value (a Tensor, numpy array or scalar of
     this dtype) is broadcast to the selection and written into this tensor's memory."""
+    if any(hasattr(i, "uop") or isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,))):
+      raise TypeError(f"t[...] = value: writing through an integer-array index (a scatter) is not supported; index with "
+                      f"ints, slices, None and ...")
     view = self.realize()._selected_view(index)
     write(self, view, value_tensor(self, value, view.shape, f"t[{index!r}] = ..."))
 
@@ -125,12 +133,16 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def cast(self, dtype) -> Tensor:
     dtype = to_dtype(dtype) if not isinstance(dtype, DType) else dtype
     if dtype is self.dtype: return self
+    # bfloat16 converts only to and from float32 in a kernel (the renderers' one conversion each way)
+    if dtypes.bfloat16 in (dtype, self.dtype) and dtypes.float32 not in (dtype, self.dtype):
+      return self.cast(dtypes.float32).cast(dtype)
     u = self.uop
     if u.op is Ops.VIEW and u.src[0].op is Ops.CONST and (v := _cast_const(u.src[0].arg, dtype)) is not None:
       return self._new(UOp(Ops.VIEW, dtype, (UOp.const(dtype, v),), u.arg))  # a cast constant is a constant
     return self._new(UOp(Ops.CAST, dtype, (u,)))
   def float(self) -> Tensor: return self.cast(dtypes.float32)
   def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
   def double(self) -> Tensor: return self.cast(dtypes.float64)
   def int(self) -> Tensor: return self.cast(dtypes.int32)
   def long(self) -> Tensor: return self.cast(dtypes.int64)
@@ -179,7 +191,21 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     buf, view = self.uop.src[0].arg, self.uop.arg
     if view.shape != self.shape:
       raise RuntimeError(f"realize returned a view of shape {view.shape} for a tensor of shape {self.shape}")
-    return buf.numpy()[:self.numel()].reshape(self.shape)
+    out = buf.numpy()[:self.numel()].reshape(self.shape)
+    return bf16_to_float32(out) if self.dtype is dtypes.bfloat16 else out
+  def bf16_bits(self) -> np.ndarray:
+    """A bfloat16 tensor's values as their raw uint16 bits (numpy has no bfloat16)."""
+    if self.dtype is not dtypes.bfloat16: raise TypeError(f"bf16_bits() of a {self.dtype.name} tensor; cast it to bfloat16 first")
+    self.realize()
+    return self.uop.src[0].arg.numpy()[:self.numel()].reshape(self.shape)
+  @classmethod
+  def from_bf16_bits(cls, bits, device=None) -> Tensor:
+    """A bfloat16 tensor holding the uint16 `bits` as they are (the inverse of `bf16_bits()`)."""
+    bits = np.asarray(bits)
+    if bits.dtype != np.uint16: raise TypeError(f"from_bf16_bits takes a uint16 array, not {bits.dtype}")
+    buf = _buffer(device_name(device), bits, dtypes.bfloat16)
+    return cls._from_uop(UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.contiguous(bits.shape)),
+                         bits.shape, device_name(device))
   def tolist(self): return self.numpy().tolist()
   def item(self):
     if self.numel() != 1: raise ValueError(f"item() needs a tensor of one element, this one has shape {self.shape}")
@@ -241,6 +267,7 @@ def _is_const(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.CO
 def _cast_const(value, dtype: DType):
   """`value` converted like a C cast to `dtype`, or None where that is not plain (out of range, NaN to int)."""
   if dtype.is_bool: return bool(value)
+  if dtype is dtypes.bfloat16: return bf16_round(value)
   if dtype.is_float: return float(value)
   if isinstance(value, float) and not math.isfinite(value): return None
   v = int(value)
@@ -248,6 +275,8 @@ def _cast_const(value, dtype: DType):
 
 
 def _as_array(data, dt: DType | None) -> np.ndarray:
+  """The data as a numpy array of dtype `dt` (its own when None); bfloat16 as its uint16 bits."""
+  if dt is dtypes.bfloat16: return bf16_bits(_as_array(data, dtypes.float32))
   if isinstance(data, np.ndarray) or isinstance(data, np.generic): arr = np.asarray(data)
   elif isinstance(data, (list, tuple)):
     try: py_dt = dtypes.from_py(data)
@@ -264,7 +293,7 @@ def _as_array(data, dt: DType | None) -> np.ndarray:
   return arr
 
 
-def _buffer(device: str, arr: np.ndarray):
+def _buffer(device: str, arr: np.ndarray, dtype: DType | None = None):
   from runtime.buffer import Buffer
-  buf = Buffer(device, arr.size, dtypes.from_numpy(arr.dtype))
+  buf = Buffer(device, arr.size, dtype or dtypes.from_numpy(arr.dtype))
   return buf.copyin(np.ascontiguousarray(arr).reshape(-1))

@@ -110,7 +110,7 @@ def test_bad_movements_raise():
   with pytest.raises(IndexError, match="index 3 is out of bounds for axis 1 with size 3"): x[0, 3]
   with pytest.raises(IndexError, match="too many indices"): x[0, 0, 0, 0]
   with pytest.raises(IndexError, match="ellipsis"): x[..., ...]
-  with pytest.raises(TypeError, match="tensor or list"): x[[0, 1]]
+  with pytest.raises(IndexError, match="more than one integer array"): x[[0, 1], [0, 1]]
   with pytest.raises(TypeError): x[1.5]
   with pytest.raises(ValueError, match="size-1"): x.squeeze(0)
   with pytest.raises(IndexError): x.unsqueeze(4)

@@ -205,18 +205,3 @@ def test_bounds_of_boolean_expressions():
 def test_bounds_are_cached():
   e = UOp.variable("x", 0, 3) * 5
   assert e.vmax == 15 and e._bounds == (0, 15)
-
-
-def test_structure_numbers_graphs_by_shape_and_buffer_identity():
-  class Memory:  # stands for a runtime buffer: compared by identity
-    pass
-  a, b = Memory(), Memory()
-  def graph(mem, c): return UOp(Ops.BUFFER, dtypes.float32, (), mem) * c + 1.0
-  first = graph(a, 2.0).structure
-  assert graph(a, 2.0).structure == first         # rebuilt after the first graph died: the same number
-  assert graph(b, 2.0).structure != first         # the same shape over another buffer
-  assert graph(a, 3.0).structure != first
-  # constants Python hashes alike, or compares equal, are still different structures
-  i = UOp.variable("i", 0, 9)
-  assert (i + UOp.const(dtypes.int32, -1)).structure != (i + UOp.const(dtypes.int32, -2)).structure
-  assert UOp.const(dtypes.float32, 0.0).structure != UOp.const(dtypes.float32, -0.0).structure
