@@ -153,7 +153,19 @@ def _sin_grad(ctx: UOp, x: UOp):
   return (ctx * (const_like(x, 1.0) - const_like(x, 2.0) * h * h),)   # cos x = 1 - 2 sin^2(x/2), as tensor cos
 
 
+def _sigmoid_grad(ctx: UOp, node: UOp, x: UOp, c: UOp):
+  # s = 1 / (1 + 2^(c x)): ds/dx = -s^2 2^(c x) c ln2 = -s (1 - s) c ln2. Through the primitives one at a time, 2^(c x)
+  # overflows to inf where s is 0, and the chain rule meets 0 * inf (NaN in the gradient of a saturated tanh or gelu)
+  return {x: ctx * node * (const_like(node, 1.0) - node) * const_like(node, -c.arg * LN_2)}
+
+
+_constant = UPat(Ops.VIEW, src=(UPat.cvar("c"),))
+_one = UPat(Ops.VIEW, src=(UPat.cvar(arg=1.0),))
+
 gradient_rules = PatternMatcher([
+  # the sigmoid as the front end builds it (tensor/elementwise.py), as one op: its gradient never overflows
+  (UPat(Ops.RECIP, name="node", src=(UPat(Ops.ADD, src=[UPat(Ops.EXP2, src=(UPat(Ops.MUL, src=[UPat.var("x"), _constant]),)),
+                                                        _one]),)), _sigmoid_grad),
   (UPat(Ops.ADD, name="node"), lambda ctx, node: (ctx, ctx), "grad_add"),
   (UPat(Ops.MUL, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0]), "grad_mul"),
   (UPat(Ops.MULACC, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0], ctx), "grad_mulacc"),

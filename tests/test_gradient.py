@@ -18,6 +18,7 @@ RTOL, ATOL = 1e-4, 1e-5
 def _arr(rng, shape, kind):
   x = rng.standard_normal(shape).astype(np.float32)
   if kind == "pos": return np.abs(x) + 0.5
+  if kind == "wide": return x * 60   # saturates tanh, sigmoid and gelu: exp overflows on one side
   return x
 
 
@@ -39,6 +40,9 @@ CASES = {
   "cos": ([(5,)], "any", lambda a: a.cos(), lambda a: a.cos()),
   "tanh": ([(5,)], "any", lambda a: a.tanh(), lambda a: a.tanh()),
   "sigmoid": ([(5,)], "any", lambda a: a.sigmoid(), lambda a: a.sigmoid()),
+  "sigmoid_saturated": ([(8,)], "wide", lambda a: a.sigmoid(), lambda a: a.sigmoid()),
+  "tanh_saturated": ([(8,)], "wide", lambda a: a.tanh(), lambda a: a.tanh()),
+  "gelu_saturated": ([(8,)], "wide", lambda a: a.gelu(), lambda a: F.gelu(a, approximate="tanh")),
   "relu": ([(6,)], "any", lambda a: a.relu(), lambda a: a.relu()),
   "gelu": ([(6,)], "any", lambda a: a.gelu(), lambda a: F.gelu(a, approximate="tanh")),
   "silu": ([(6,)], "any", lambda a: a.silu(), lambda a: F.silu(a)),
@@ -241,3 +245,34 @@ def test_a_view_reading_nothing_of_its_source_gives_zeros():
   v = UOp(Ops.VIEW, dtypes.float32, (a.uop,), View.padding((2, 2)))
   (g,) = gradients(v, const_like(v, 1.0), [a.uop.src[0]])
   assert Tensor._from_uop(g, (3,), "CPU").tolist() == [0.0, 0.0, 0.0]
+
+
+# ---- backward graphs pad reductions (the gradient of a slice of a product): no load may read outside its buffer ----
+@pytest.fixture
+def guarded_memory(monkeypatch):
+  """Every CPU buffer ends right before a page that may not be touched: a kernel reading past the end faults."""
+  import ctypes, runtime.cpu as cpu
+  libc = ctypes.CDLL(None)
+  libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                                            ctypes.c_int, ctypes.c_long]
+  libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+  page, PROT_RW, MAP_PRIVATE_ANON = 4096, 3, 0x22
+  def alloc(self, nbytes):
+    pages = (max(nbytes, 1) + page - 1) // page + 1
+    base = libc.mmap(None, pages * page, PROT_RW, MAP_PRIVATE_ANON, -1, 0)
+    libc.mprotect(base + (pages - 1) * page, page, 0)
+    return (base + (pages - 1) * page - nbytes) & ~63
+  monkeypatch.setattr(cpu.CPUAllocator, "_alloc", alloc)
+  monkeypatch.setattr(cpu.CPUAllocator, "_free", lambda self, handle, nbytes: None)   # kept mapped: never reused
+  from runtime.device import get_device
+  get_device("CPU").allocator.clear_pool()
+
+
+def test_a_padded_reduction_reads_only_inside_its_buffers(guarded_memory):
+  """`pad(a @ b)` runs the product's loop for the padded positions too, then drops it: its loads must stay in bounds
+  there (they read element 0). The gradient of q, k, v sliced out of one qkv product is such a pad."""
+  rng = np.random.default_rng(0)
+  a = Tensor(rng.standard_normal((8, 40)).astype(np.float32))
+  b = Tensor(rng.standard_normal((40, 2048)).astype(np.float32))
+  out = (a @ b).pad(((0, 0), (4096, 4096)))
+  np.testing.assert_allclose(out.numpy(), np.pad(a.numpy() @ b.numpy(), ((0, 0), (4096, 4096))), rtol=1e-4, atol=1e-4)
