@@ -145,7 +145,7 @@ cstyle_rules = PatternMatcher([
 
 # values that are named by their text rather than given a variable
 INLINE = frozenset({Ops.CONST, Ops.DEFINE_GLOBAL, Ops.INDEX})
-STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.DEFINE_LOCAL})
+STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.DEFINE_LOCAL, Ops.MMA})
 
 
 def kernel_params(linear: UOp, lang: Language) -> list[str]:
@@ -172,6 +172,7 @@ def _render_lines(name: str, linear: UOp, rewrite, lang: Language, prefix_lines)
     if u.op is Ops.RANGE: ctx.names[u] = f"ridx{i}"
     elif u.op is Ops.DEFINE_ACC: ctx.names[u.src[0]] = f"acc{i}"; ctx.accumulators.setdefault(u.src[0].src[-1], []).append(u.src[0])
     elif u.op is Ops.DEFINE_LOCAL: ctx.names[u] = f"local{i}"
+    elif u.op is Ops.MMA: ctx.names[u] = f"mma{i}"   # an array the statement declares (renderers/cuda_mma.py)
     elif u.op is Ops.REDUCE:  # its value is its accumulator, named at DEFINE_ACC; a target may finish it here
       if (text := rewrite(u, ctx)) is not None: lines.append("  " * depth + text)
       continue

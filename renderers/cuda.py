@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
+from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -48,7 +49,7 @@ class CUDALanguage(Language):
   half: str = "half"
   infinity: str = "__int_as_float(0x7f800000)"
   nan: str = "__int_as_float(0x7fffffff)"
-  headers: tuple[str, ...] = ("#include <cuda_fp16.h>", "#include <cuda_bf16.h>", PRELUDE)
+  headers: tuple[str, ...] = ("#include <cuda_fp16.h>", "#include <cuda_bf16.h>", PRELUDE, MMA_PRELUDE)
   bf16: str = "__nv_bfloat16"
   bf16_bits_literal: str = "__ushort_as_bfloat16((unsigned short){bits:#06x})"
   bf16_from_float: str = "__float2bfloat16_rn"
@@ -94,7 +95,7 @@ class CUDARenderer:
     dims = launch_dims(linear)
     threads = dims[1][0] if dims else 1
     lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}) void')
-    return render_kernel(name, linear, cuda_rules + cstyle_rules, lang)
+    return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
   def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
 

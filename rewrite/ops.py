@@ -14,6 +14,8 @@ class Ops(Enum):
   # loop level
   RANGE = auto(); END = auto(); REDUCE = auto(); DEFINE_ACC = auto(); INDEX = auto(); SPECIAL = auto(); IF = auto(); ENDIF = auto()
   BARRIER = auto(); VECTORIZE = auto(); GEP = auto(); DEFINE_LOCAL = auto()
+  # a block's product tile on tensor cores (rules/opt/tensor_core.py): a lane's accumulators, read with GEP
+  MMA = auto()
   # linearization: statements in their loops (BLOCK), a loop's block complete and in place (BLOCKEND)
   BLOCK = auto(); BLOCKEND = auto()
   # host level: the steps of a host program (rules/host.py)
@@ -44,5 +46,5 @@ class GroupOp:
   Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.DETACH})
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
-                    Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND})
+                    Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND, Ops.MMA})
   Host = frozenset({Ops.ALLOC, Ops.FREE, Ops.CALL, Ops.EXTERN, Ops.PICK, Ops.COPY})

@@ -1,6 +1,7 @@
 """GPU rules: for a device whose loops are its own threads (CUDA): a grid of blocks of threads.
 
-These stages run only when `run.device_loops` (see rules/pipeline.py); the shared stages are unchanged.
+These stages run only when `run.device_loops` (see rules/pipeline.py), but for gpu_fuse, which the CPU runs too
+within its own limits (`FuseContext.admits`: rules/opt/rows.py); the shared stages are unchanged.
 
 Stage `gpu_fuse` (schedule scope, rule `inline_broadcast_reductions` on each KERNEL, ctx: `FuseContext` with its
 index of the schedule, made by `FuseContext.index_schedule` before the rules run; kernels are decided one by one in
@@ -12,7 +13,8 @@ row (stage `gpu_grid` below), so the row is read from memory once and again from
 Values are unchanged. Decided on the tensor-level graph alone (no other stage is run to decide): only a reduction
 whose reads walk memory along its reduced axis (`walks_rows`: a row reduction, not a column one) is inlined, of any
 row length; every reader must read the result only broadcast along the reduced axes (else it would be recomputed per
-element); nothing between the two kernels may write what the reduction reads.
+element); nothing between the two kernels may write what the reduction reads; the device's `admits` (if any)
+agrees. On the CPU the reader's threads take rows, each row read from memory once and its other passes from cache.
 
 Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
 which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg
@@ -91,6 +93,8 @@ class FuseContext:
   current: list[UOp] = field(default_factory=list)              # each kernel with the reductions inlined into it so far
   dropped: set[int] = field(default_factory=set)                # places of kernels inlined into all their readers
   decisions: InOrder = field(default_factory=InOrder)          # kernels are decided in schedule order
+  # the device's own limit on the reductions it inlines (None: any; the CPU's: rules/opt/rows.py)
+  admits: Callable[[list[UOp]], bool] | None = None
 
   def index_schedule(self, schedule: UOp) -> None:
     """Kernels by place, and each buffer's readers and writers: linear in the schedule, no pair of kernels tried."""
@@ -189,6 +193,7 @@ def inline_into_readers(ctx: FuseContext, i: int) -> None:
   out_view, value = p.src[0].src
   buf = out_view.src[0]
   if buf in ctx.outputs or not (reductions := _top_reductions(value)) or not walks_rows(reductions): return
+  if ctx.admits is not None and not ctx.admits(reductions): return
   axes = set().union(*(r.arg[1] for r in reductions))
   readers = [j for j in ctx.index.readers.get(buf, ()) if j > i]
   if not readers or any(ctx.current[j].op is not Ops.KERNEL or ctx.current[j].arg != p.arg or

@@ -23,7 +23,9 @@ from .one_hot import one_hot_rules
 from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
+from .opt.rows import cpu_rows_fit
 from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
+from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
 from .gradient import gradient_rules
@@ -70,7 +72,8 @@ def _group_ctx(run: Run) -> GroupDecisions:
 
 
 def _fuse_ctx(run: Run) -> FuseContext:
-  run.fuse = FuseContext(set(run.outputs))
+  # one mechanism on both devices: a GPU's lanes hold a row of any length, a CPU core's cache a row of some
+  run.fuse = FuseContext(set(run.outputs), admits=None if run.device_loops else cpu_rows_fit)
   return run.fuse
 
 
@@ -78,6 +81,10 @@ def _grid_ctx(run: Run) -> GridContext:
   # a fresh context per kernel; what a caller preset (a policy, the device's SM count) is kept
   run.grid = GridContext() if run.grid is None else GridContext(choose=run.grid.choose, multiprocessors=run.grid.multiprocessors)
   return run.grid
+
+
+def _tensor_core_ctx(run: Run) -> TensorCoreContext:
+  return TensorCoreContext(multiprocessors=run.grid.multiprocessors if run.grid is not None else TensorCoreContext.multiprocessors)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
@@ -150,11 +157,13 @@ pipeline = Pipeline([
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
-  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, applies=_on_device_loops, prepare=FuseContext.index_schedule),
+  Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, prepare=FuseContext.index_schedule),
   Stage("views", view_rules, "kernel"),
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
   Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
+  # a 16-bit product on tensor cores; a kernel it maps is mapped already for the gpu stages (rules/opt/tensor_core.py)
+  Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
   Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
   Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
   Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),

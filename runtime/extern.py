@@ -15,7 +15,9 @@ batch and each operand's layout.
   the default stream our kernels use: `cublasGemmEx`, and `cublasGemmStridedBatchedEx` for a batch, with float32 or
   float16 operands and output (CUDA_R_32F / CUDA_R_16F) and CUBLAS_COMPUTE_32F: products and sums in float32, as
   the generated code does; for float16 operands cuBLAS runs them on tensor cores (float16 inputs, float32
-  accumulation, one rounding to the output's dtype at the end), for float32 the ordinary float32 path (no TF32).
+  accumulation, one rounding to the output's dtype at the end), for float32 the ordinary float32 path (no TF32) unless
+  the user asks for TF32 with GRAFT_TF32=1 (`tf32()`, read at each call): then CUBLAS_COMPUTE_32F_FAST_TF32, float32
+  operands rounded to TF32's 10-bit mantissa on tensor cores, sums in float32 (torch's allow_tf32).
   cuBLAS is column-major, so the row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T
   (`cublas_gemm`; tests/test_extern.py checks the calls against a numpy model of cuBLAS's column-major contract).
 
@@ -31,7 +33,14 @@ from runtime import pick
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUDA_R_32F, CUDA_R_16F = 0, 2
-CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT = 68, -1
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT = 68, 77, -1
+
+
+def tf32() -> bool:
+  """GRAFT_TF32=1: float32 products on the GPU may round their operands to TF32 (10 bits of mantissa) on tensor cores;
+  unset or 0 (the default), they are strict float32."""
+  from rewrite.env import env_flag
+  return env_flag("GRAFT_TF32", False, "TF32 tensor cores for float32 products on the GPU")
 ITEMSIZE = {"float32": 4, "float16": 2}
 CPU_ROUTINES = ("sgemm", "sgemm_batched")
 CUDA_ROUTINES = ("sgemm", "sgemm_batched", "hgemm", "hgemm_batched")
@@ -169,16 +178,17 @@ def cublas_gemm(lib, handle, one, zero) -> Callable:
   def gemm(handles: list[int], ext) -> None:
     p, c, a, b = operand_addresses(handles, ext)
     ab, ct = cuda_type[p["dtype"]], cuda_type[p["c_dtype"]]
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32 if p["dtype"] == "float32" and tf32() else CUBLAS_COMPUTE_32F
     ops = (CUBLAS_OP_N if p["trans_b"] == "N" else CUBLAS_OP_T, CUBLAS_OP_N if p["trans_a"] == "N" else CUBLAS_OP_T)
     # the handle's stream is the legacy default stream (0), the one our kernels and copies run on: in order with them
     with calling:
       if p["batch"] == 1:
         code = lib.cublasGemmEx(handle, *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], a, ab, p["lda"], zero,
-                                c, ct, p["ldc"], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                                c, ct, p["ldc"], compute, CUBLAS_GEMM_DEFAULT)
       else:
         code = lib.cublasGemmStridedBatchedEx(handle, *ops, p["n"], p["m"], p["k"], one, b, ab, p["ldb"], p["stride_b"],
                                               a, ab, p["lda"], p["stride_a"], zero, c, ct, p["ldc"], p["stride_c"],
-                                              p["batch"], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                                              p["batch"], compute, CUBLAS_GEMM_DEFAULT)
     if code != 0: raise RuntimeError(f"cuBLAS {ext.name} failed with status {code} ({p})")
   gemm.library = "cuBLAS"  # type: ignore[attr-defined]
   return gemm

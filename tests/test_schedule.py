@@ -24,18 +24,22 @@ def test_fused_elementwise_is_one_kernel(): assert kernels_of(((x * y + 1).exp()
 def test_row_sum_is_one_kernel(): assert kernels_of(x.sum(axis=1)) == 1
 def test_reduction_fuses_with_elementwise_before_and_after(): assert kernels_of((x * y).sum(axis=1).sqrt() * 2) == 1
 def test_matmul_is_one_kernel(): assert kernels_of(x @ w) == 1
-# at most 3 (the requirement); exactly: on the CPU two row reductions (max, sum / mean, variance) and the output, on
-# CUDA one kernel for any row length (the gpu_fuse stage keeps the row's reductions with the lanes that write it)
-ROW_NORMALIZE_KERNELS_ON = {"CPU": 3, "CUDA": 1}
+# at most 3 (the requirement); exactly one: the gpu_fuse stage keeps the row's reductions with the lanes that write it
+# (CUDA, any row length) or with the thread that writes it (CPU, a row that stays in cache: rules/opt/rows.py)
+ROW_NORMALIZE_KERNELS_ON = {"CPU": 1, "CUDA": 1}
 ROW_NORMALIZE_KERNELS = ROW_NORMALIZE_KERNELS_ON[x.device]
 def test_softmax_is_at_most_three_kernels(): assert kernels_of(x.softmax(axis=-1)) == ROW_NORMALIZE_KERNELS
 def test_layernorm_is_at_most_three_kernels(): assert kernels_of(x.layernorm()) == ROW_NORMALIZE_KERNELS
 
 
+def unallocated_tensor(shape, device: str) -> Tensor:
+  """A float32 tensor whose memory is never allocated: enough to schedule for a device without running anything."""
+  buf = UOp(Ops.BUFFER, dtypes.float32, (), Buffer(device, math.prod(shape), dtypes.float32))
+  return Tensor._from_uop(UOp(Ops.VIEW, dtypes.float32, (buf,), View.contiguous(shape)), shape, device)
+
+
 def unallocated_cuda_tensor(*shape: int) -> Tensor:
-  """A float32 tensor on CUDA whose memory is never allocated: enough to schedule for CUDA without a GPU."""
-  buf = UOp(Ops.BUFFER, dtypes.float32, (), Buffer("CUDA", math.prod(shape), dtypes.float32))
-  return Tensor._from_uop(UOp(Ops.VIEW, dtypes.float32, (buf,), View.contiguous(shape)), shape, "CUDA")
+  return unallocated_tensor(shape, "CUDA")
 
 
 def cuda_kernels_of(t: Tensor) -> int:
@@ -52,6 +56,17 @@ ROW_NORMALIZATIONS = {"softmax": lambda t: t.softmax(axis=-1), "log_softmax": la
 @pytest.mark.parametrize("shape", [(32, 48), (300, 7), (64, 2048), (4, 100000)])
 def test_row_normalizations_are_one_kernel_on_cuda_for_any_row_length(name, shape):
   assert cuda_kernels_of(ROW_NORMALIZATIONS[name](unallocated_cuda_tensor(*shape))) == ROW_NORMALIZE_KERNELS_ON["CUDA"]
+
+
+@pytest.mark.parametrize("name", ROW_NORMALIZATIONS)
+@pytest.mark.parametrize("shape, one_pass", [((32, 48), True), ((300, 7), True), ((64, 2048), True), ((16, 16384), True),
+                                             ((4, 100000), False), ((15, 2048), False), ((16, 65537), False)])
+def test_row_normalizations_are_one_kernel_on_the_cpu_where_a_row_stays_in_cache(name, shape, one_pass):
+  """16 rows at least (threads take rows), a row of at most 256 KiB read (a core's cache holds it between passes);
+  otherwise each row reduction is a kernel of its own."""
+  t = ROW_NORMALIZATIONS[name](unallocated_tensor(shape, "CPU"))
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU"))
+  assert (len(kernels) == 1) == one_pass
 
 
 def test_attention_is_scores_probabilities_and_product_on_cuda():

@@ -28,6 +28,7 @@ class OptKind(str, Enum):
   SIMD = "simd"                # the innermost loop of a reduction is vectorized by the C compiler (omp simd)
   PACK = "pack"                # loads that do not depend on the (output) loop are read from a packed local copy
   PAD = "pad"                  # the (output) loop runs a multiple of `amount` trips, the extra ones redo its last
+  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 
 

@@ -1,0 +1,100 @@
+"""Issue 19's GPU targets in one process, side by side: Graft's generated code (GRAFT_EXTERN=0: tensor cores through
+rules/opt/tensor_core.py) against torch (cuBLAS) on the same inputs.
+
+  python bench/tensor_cores.py [--quick] [--only fp16_8192,gelu]
+
+Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x 8192x4096 and
+W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as kernels of their own), and float32 4096^3 with
+TF32 (GRAFT_TF32=1: Graft's cuBLAS call, as generated code has no TF32 path yet, against torch with allow_tf32).
+Each figure: the median over 5 rounds of (10 calls back to back, then one device synchronize) / 10, after 3 warm-up
+calls; Graft's call replays its compiled program (no graph rebuilt; `call ms` beside it rebuilds the graph each call,
+as a user's loop does). ok: Graft's result against torch's within the dtype's tolerance.
+"""
+from __future__ import annotations
+import argparse, os, statistics, sys, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def timed(fn, sync, calls: int = 10, rounds: int = 5) -> float:
+  """Seconds per call."""
+  for _ in range(3): fn()
+  sync()
+  out = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    for _ in range(calls): fn()
+    sync()
+    out.append((time.perf_counter() - t0) / calls)
+  return statistics.median(out)
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--quick", action="store_true", help="1024-sized problems (a smoke run)")
+  ap.add_argument("--only", default="", help="comma-separated row names")
+  args = ap.parse_args()
+  os.environ.setdefault("GRAFT_EXTERN", "0")
+  import numpy as np, torch
+  from tensor import Tensor
+  from runtime import realize as rr
+  from runtime.device import get_device
+  dev = get_device("CUDA")
+  sync = dev.synchronize
+  torch.backends.cuda.matmul.allow_tf32 = False
+  big, mid = (1024, 512) if args.quick else (8192, 4096)
+  rng = np.random.default_rng(0)
+  rows = []
+
+  def run(name, shapes, dtype, graft_fn, torch_fn, flops, tol, env=None):
+    if args.only and name not in args.only.split(","): return
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+      arrays = [rng.standard_normal(s, dtype=np.float32) * (1 / np.sqrt(s[-1]) if i else 1) for i, s in enumerate(shapes)]
+      td = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+      tt = [torch.from_numpy(a).to("cuda", td) for a in arrays]
+      gt = [Tensor(a, dtype=dtype, device="CUDA").realize() for a in arrays]
+      t0 = time.perf_counter(); first = graft_fn(*gt).realize(); sync(); cold = time.perf_counter() - t0
+      program = rr.last_program()
+      kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
+      tc = any("g_mma_tile" in ck.source for ck in program.kernels_called())
+      g = timed(lambda: program.run(), sync)
+      call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)
+      ref = torch_fn(*tt)
+      t = timed(lambda: torch_fn(*tt), torch.cuda.synchronize)
+      got, want = first.numpy().astype(np.float32), ref.float().cpu().numpy()
+      err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+      rows.append((name, dtype, g * 1e3, call * 1e3, flops / g / 1e12, t * 1e3, flops / t / 1e12, t / g, err < tol, err, tc, cold, kernels))
+    except Exception as e:   # a row that fails keeps its place, with the error
+      rows.append((name, dtype, None, None, None, None, None, None, False, repr(e)[:200], False, None, ""))
+    finally:
+      for k, v in saved.items():
+        if v is None: os.environ.pop(k, None)
+        else: os.environ[k] = v
+
+  mm = lambda a, b: a @ b
+  for n in (big, mid):
+    for dt in ("float16", "bfloat16"):
+      run(f"{'fp16' if dt == 'float16' else 'bf16'}_{n}", [(n, n), (n, n)], dt, mm, mm, 2 * n ** 3, 1e-2)
+  gelu_t = lambda x, w, b: torch.nn.functional.gelu(x @ w + b, approximate="tanh")
+  run("gelu", [(big, mid), (mid, mid), (mid,)], "float16", lambda x, w, b: (x @ w + b).gelu(), gelu_t, 2 * big * mid * mid, 1e-2)
+
+  def tf32_torch(a, b):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try: return a @ b
+    finally: torch.backends.cuda.matmul.allow_tf32 = False
+  run(f"tf32_{mid}", [(mid, mid), (mid, mid)], "float32", mm, tf32_torch, 2 * mid ** 3, 1e-2, env={"GRAFT_TF32": "1", "GRAFT_EXTERN": "1"})
+  run(f"fp32_{mid}_strict", [(mid, mid), (mid, mid)], "float32", mm, mm, 2 * mid ** 3, 1e-4)
+
+  print(f"GPU: {torch.cuda.get_device_name()}  (torch {torch.__version__}; Graft GRAFT_EXTERN={os.environ['GRAFT_EXTERN']} "
+        f"except the tf32 row)")
+  print(f"{'row':<16}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok    tc  cold s  kernels")
+  for r in rows:
+    name, dt, g, call, gf, t, tf, ratio, ok, err, tc, cold, kernels = r
+    if g is None: print(f"{name:<16}{dt:<10} FAILED {err}"); continue
+    print(f"{name:<16}{dt:<10}{g:10.3f}{call:9.3f}{gf:9.1f}{t:10.3f}{tf:9.1f}{ratio:7.2f}  {'yes' if ok else 'NO'} {err:.0e} "
+          f"{'mma' if tc else '-':>4}{cold:7.2f}  {kernels}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,187 @@
+"""Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
+operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` -- runs on
+`mma.sync.m16n8k16` with whatever is elementwise around it (bias, activation, residual, cast) applied to its
+accumulators before the store.
+
+Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), k))))` whose
+only loops are its output loops and k; A's index is affine, k's coefficient 1 (each row of A contiguous along k), i's
+(the row loop: in A's index, not B's) a multiple of 8; B's index has j (the column loop: in B's, not A's) or k with
+coefficient 1 and the other a multiple of 8; every other output loop is a batch (any multiple-of-8 coefficient); the
+sizes divide a tile. Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole
+product tile:
+
+- `MMA(INDEX(A, the tile's first row), INDEX(B, its first column), arg=TileSpec)`, dtype `float32.vec(regs)`: a
+  block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies its tiles of A and B
+  into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix` reads hit 32 banks), and
+  each warp reads its fragments with `ldmatrix` (`.trans` for a B stored along j) and accumulates its
+  (BM/WM) x (BN/WN) outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
+- `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
+  8 rows further for the row, 2*(lane%4) and the next for the column); the epilogue f and the store index are the
+  kernel's own, with i, j and the batch loops replaced by those indices;
+- blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
+  A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: i's and j's tile
+  sizes and k's slice.
+
+A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off.
+"""
+from __future__ import annotations
+import math
+from dataclasses import dataclass
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
+from rewrite.env import env_flag
+from rules.symbolic import terms_of
+from .plan import Opt, OptKind, Plan, kernel_axes
+
+HALVES = (dtypes.float16, dtypes.bfloat16)
+BK, STAGES = 32, 3          # a slice of k staged at once; slices in flight (3 x (128 + 128) x 32 halves: 48 KiB of shared)
+# (BM, BN, WM, WN) from the largest: a block's tile and its warps; the first that divides the product and fills the
+# multiprocessors is taken (else the smallest that divides)
+TILES = ((128, 128, 2, 4), (64, 128, 2, 2), (64, 64, 2, 2))
+ALIGN = 8                   # elements of 16 bytes: cp.async copies 16-byte chunks
+
+
+@dataclass(frozen=True)
+class TileSpec:
+  """How one block computes its tile (the MMA node's arg): operand dtype, block tile, warps, k slice and stages, the
+  operands' layouts and strides (elements), and the length of k."""
+  dtype: str          # "float16" or "bfloat16"
+  bm: int
+  bn: int
+  wm: int
+  wn: int
+  bk: int
+  stages: int
+  b_along_k: bool     # B's elements of one column are contiguous along k (a transposed weight, x @ W.T), else along j
+  k: int
+  lda: int
+  ldb: int
+  @property
+  def threads(self) -> int: return self.wm * self.wn * 32
+  @property
+  def mt(self) -> int: return self.bm // self.wm // 16    # m16 fragments of a warp's tile
+  @property
+  def nt(self) -> int: return self.bn // self.wn // 8     # n8 fragments of a warp's tile
+  @property
+  def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
+
+
+@dataclass
+class Product:
+  """A matched kernel: its store, reduction, operand loads and loops."""
+  store: UOp
+  red: UOp
+  a: UOp
+  b: UOp
+  i: UOp
+  j: UOp
+  k: UOp
+  batch: list[UOp]
+  spec: TileSpec
+
+
+@dataclass
+class TensorCoreContext:
+  multiprocessors: int = 132
+  product: Product | None = None
+
+
+def _affine(idx: UOp) -> dict[UOp | None, int] | None:
+  """idx as {loop: coefficient, None: constant}, or None where it is not a sum of loops times constants."""
+  out: dict[UOp | None, int] = {}
+  for t, c in terms_of(idx):
+    if t is not None and t.op is not Ops.RANGE: return None
+    out[t] = out.get(t, 0) + c
+  return out
+
+
+def _operand(x: UOp) -> UOp | None:
+  """The 16-bit float load under a CAST to float32, or None."""
+  if x.op is not Ops.CAST or x.dtype is not dtypes.float32: return None
+  ld = x.src[0]
+  if ld.op is not Ops.LOAD or len(ld.src) != 1 or ld.dtype not in HALVES or ld.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None
+  return ld
+
+
+def match_product(sink: UOp, multiprocessors: int) -> Product | None:
+  if len(sink.src) != 1 or (st := sink.src[0]).op is not Ops.STORE or len(st.src) != 2: return None
+  reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
+  if len(reds) != 1 or (red := reds[0]).arg is not Ops.ADD or red.dtype is not dtypes.float32 or len(red.src) != 2: return None
+  mul, k = red.src
+  if mul.op is not Ops.MUL or None in (ops := [_operand(s) for s in mul.src]) or ops[0].dtype is not ops[1].dtype: return None
+  axes = kernel_axes(sink)
+  outs = [r for r in axes if r.arg[0] == "out"]
+  if any(r.arg[0] != "out" and r is not k for r in axes): return None
+  fa, fb = (_affine(ld.src[0].src[1]) for ld in ops)
+  if fa is None or fb is None: return None
+  # j: in one operand's index only (that operand is B); i: the innermost loop in the other's only
+  for a, b, ia, ib in ((ops[0], ops[1], fa, fb), (ops[1], ops[0], fb, fa)):
+    js = [r for r in outs if r in ib and r not in ia]
+    is_ = [r for r in outs if r in ia and r not in ib]
+    if len(js) == 1 and is_ and ia.get(k) == 1: break
+  else: return None
+  i, j = is_[-1], js[0]
+  batch = [r for r in outs if r is not i and r is not j]
+  b_along_k = ib.get(k) == 1
+  lda, ldb = ia[i], ib[j] if b_along_k else ib.get(k, 0)
+  if not b_along_k and ib[j] != 1: return None
+  strides = [lda, ldb, ia.get(None, 0), ib.get(None, 0)] + [c for f in (ia, ib) for r, c in f.items() if r in batch]
+  if any(s % ALIGN for s in strides): return None
+  size = lambda r: r.src[0].arg
+  if size(k) % BK: return None
+  blocks = lambda t: math.prod(size(r) for r in batch) * (size(i) // t[0]) * (size(j) // t[1])
+  fits = [t for t in TILES if size(i) % t[0] == 0 and size(j) % t[1] == 0]
+  if not fits: return None
+  bm, bn, wm, wn = next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, BK, STAGES, b_along_k, size(k), lda, ldb)
+  return Product(st, red, a, b, i, j, k, batch, spec)
+
+
+def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
+  """The policy (Stage.prepare): whether this kernel's product runs on tensor cores, and its tile."""
+  ctx.product = None
+  if sink.arg == "linear" or isinstance(sink.arg, Plan) or not env_flag("GRAFT_TC", True, "tensor cores for 16-bit products"): return
+  if any(n.op in (Ops.SPECIAL, Ops.BARRIER, Ops.MMA) for n in sink.toposort): return
+  ctx.product = match_product(sink, ctx.multiprocessors)
+
+
+def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:
+  """The values loops (outermost first) take when `flat` runs through them in row-major order."""
+  out, stride = {}, math.prod(r.src[0].arg for r in loops)
+  for r in loops:
+    stride //= r.src[0].arg
+    out[r] = (flat // stride) % r.src[0].arg
+  return out
+
+
+def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
+  if (p := ctx.product) is None or sink.arg == "linear" or isinstance(sink.arg, Plan): return None
+  from rules.gpu import special   # (the GPU rules import rules.opt)
+  s, size = p.spec, lambda r: r.src[0].arg
+  bms, bns = size(p.i) // s.bm, size(p.j) // s.bn
+  per_batch = bms * bns
+  gidx, lidx = special("gidx0", per_batch * math.prod(size(r) for r in p.batch)), special("lidx0", s.threads)
+  where = gidx % per_batch if p.batch else gidx
+  at = _split(gidx // per_batch, p.batch) if p.batch else {}
+  # blocks of GROUP rows of tiles take their columns in turn: those running at once share A's and B's tiles in L2
+  group = next(g for g in (8, 4, 2, 1) if bms % g == 0)
+  pid_m = (where // (group * bns)) * group + where % group if group > 1 else where // bns
+  pid_n = (where % (group * bns)) // group if group > 1 else where % bns
+  zero = UOp.const(dtypes.index, 0)
+  base = lambda ld, moves: UOp(Ops.INDEX, ld.src[0].dtype, (ld.src[0].src[0], substitute(ld.src[0].src[1], {**at, p.k: zero, **moves})))
+  mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (base(p.a, {p.i: pid_m * s.bm}), base(p.b, {p.j: pid_n * s.bn})), s)
+  warp, lane = lidx // 32, lidx % 32
+  row0 = pid_m * s.bm + (warp // s.wn) * (s.bm // s.wm) + lane // 4
+  col0 = pid_n * s.bn + (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2
+  stores = []
+  for e in range(s.regs):
+    mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
+    acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
+    moves = {**at, p.i: row0 + (mt * 16 + (c // 2) * 8), p.j: col0 + (nt * 8 + c % 2)}
+    stores.append(substitute(p.store, {p.red: acc, **moves}))
+  axis = {r: n for n, r in enumerate(kernel_axes(sink))}
+  plan = Plan((Opt(OptKind.TENSOR_CORE, axis[p.i], s.bm), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
+               Opt(OptKind.TENSOR_CORE, axis[p.k], s.bk)), "tensor_core")
+  return UOp(Ops.SINK, sink.dtype, tuple(stores), plan)
+
+
+tensor_core_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), to_tensor_cores)], name="tensor_core")

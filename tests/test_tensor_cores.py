@@ -1,0 +1,172 @@
+"""Tensor cores (rules/opt/tensor_core.py): a 16-bit product summed in float32 becomes one block tile of mma.sync per
+block, its epilogue applied to each accumulator. Without a GPU: the plan, the CUDA text and nvcc for sm_90; on one
+(DEVICE=CUDA runs): the numbers against numpy in float32 with 16-bit tolerances."""
+import os
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+
+from rewrite import Ops, dtypes
+from rewrite.dtypes import bf16_to_float32, bf16_bits
+from rules.opt.plan import OptKind
+from rules.opt.tensor_core import TileSpec
+from tensor import Tensor
+
+
+def normal(*shape, dtype=np.float16, seed=0):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def cuda_text(t) -> str:
+  (src,) = t.kernel_sources(device="CUDA")
+  return src
+
+
+def test_a_half_product_is_a_block_tile_of_mma_from_shared_memory():
+  from renderers.cuda import renderer
+  a, w = Tensor(normal(256, 128)), Tensor(normal(128, 256))
+  src = cuda_text(a @ w)
+  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, false, 128, 128LL, 256LL>" in src   # B stored along j: ldmatrix.trans
+  prelude = renderer.source([])
+  for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4", "__shared__",
+                 "cp.async.cg.shared.global", "__syncthreads()"):
+    assert needle in prelude, needle
+  # x @ W.T reads W's rows along k: plain ldmatrix; bfloat16 takes the bf16 mma
+  assert ", true, 128, 128LL, 128LL>" in cuda_text(a @ Tensor(normal(256, 128)).T)
+  ab, wb = (Tensor(normal(*s, dtype=np.float32), dtype="bfloat16") for s in ((256, 128), (128, 256)))
+  assert "g_mma_tile<__nv_bfloat16," in cuda_text(ab @ wb)
+  assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in prelude
+
+
+def test_the_epilogue_is_applied_to_each_accumulator_before_its_store():
+  x, w, b = Tensor(normal(128, 64)), Tensor(normal(64, 128)), Tensor(normal(128))
+  src = cuda_text((x @ w + b).gelu())
+  regs = TileSpec("float16", 64, 64, 2, 2, 32, 3, False, 64, 64, 128).regs
+  assert src.count("exp2f(") == regs and src.count("*(data0+") == regs   # one activation and one store per accumulator
+
+
+def test_the_plan_is_recorded_as_tensor_core_records():
+  from rules.pipeline import Run, lower_kernel, schedule
+  from rules.realize import normalize
+  a, w = Tensor(normal(3, 64, 32)), Tensor(normal(3, 32, 128))
+  (k,) = [k for k in schedule([(a @ w).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
+  linear = lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True))
+  (mma,) = [u for u in linear.src if u.op is Ops.MMA]
+  assert mma.dtype is dtypes.float32.vec(mma.arg.regs) and mma.arg.k == 32
+  specials = {u.arg for u in linear.src if u.op is Ops.SPECIAL}
+  assert specials == {("gidx0", 3 * (64 // mma.arg.bm) * (128 // mma.arg.bn)), ("lidx0", mma.arg.threads)}
+
+
+@pytest.mark.parametrize("make", [
+  lambda: Tensor(normal(100, 64)) @ Tensor(normal(64, 128)),        # rows do not divide a tile
+  lambda: Tensor(normal(128, 40)) @ Tensor(normal(40, 128)),        # k does not divide a slice
+  lambda: Tensor(normal(128, 64, dtype=np.float32)) @ Tensor(normal(64, 128, dtype=np.float32)),  # float32: no TF32 by default
+  lambda: Tensor(normal(128, 64)).float() @ Tensor(normal(64, 128, dtype=np.float32)),
+], ids=["odd-rows", "odd-k", "float32", "mixed"])
+def test_what_does_not_fit_stays_on_the_other_gpu_plans(make):
+  assert "g_mma_tile" not in "".join(make().kernel_sources(device="CUDA"))
+
+
+def test_graft_tc_0_turns_the_stage_off(monkeypatch):
+  monkeypatch.setenv("GRAFT_TC", "0")
+  assert "g_mma_tile" not in cuda_text(Tensor(normal(128, 64)) @ Tensor(normal(64, 192)))
+
+
+def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
+  from runtime import cuda
+  from runtime.device import CompileError
+  from renderers.cuda import renderer
+  try: nvcc = cuda.find_nvcc()
+  except CompileError: pytest.skip("nvcc not found: CUDA kernels not compiled")
+  x, w, b = Tensor(normal(512, 256)), Tensor(normal(256, 512)), Tensor(normal(512))
+  programs = [x @ w, (x @ w + b).gelu(), (x @ w).relu() + x[:, :1], x @ Tensor(normal(512, 256)).T,
+              Tensor(normal(4, 128, 64)) @ Tensor(normal(4, 64, 128)),
+              Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
+              Tensor(normal(2048, 64)) @ Tensor(normal(64, 2048)), x.matmul(w, dtype=dtypes.float32)]
+  kernels = list(dict.fromkeys(s for p in programs for s in p.kernel_sources(device="CUDA")))
+  assert sum("g_mma_tile<" in k for k in kernels) == len(programs)
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels)
+  src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
+  src.write_text(renderer.source(kernels))
+  cuda._run_nvcc(nvcc, "sm_90", src, out)
+  assert out.stat().st_size > 0
+
+
+# ---------------------------------------------------------------- TF32: only when asked
+
+class RecordingCublas:
+  """Stands for libcublas: records the compute type of each gemm call."""
+  def __init__(self): self.computes = []
+  def cublasGemmEx(self, *args): self.computes.append(args[-2]); return 0
+
+
+def gemm_compute(dtype: str, monkeypatch, tf32: str | None) -> int:
+  from types import SimpleNamespace
+  from runtime import extern
+  if tf32 is None: monkeypatch.delenv("GRAFT_TF32", raising=False)
+  else: monkeypatch.setenv("GRAFT_TF32", tf32)
+  lib = RecordingCublas()
+  params = dict(dtype=dtype, c_dtype=dtype, offset_a=0, offset_b=0, offset_c=0, trans_a="N", trans_b="N", m=8, n=8, k=8,
+                lda=8, ldb=8, ldc=8, batch=1)
+  extern.cublas_gemm(lib, "handle", [1.0], [0.0])([0, 256, 512], SimpleNamespace(params=tuple(params.items()), operands=(0, 1, 2), name="gemm"))
+  return lib.computes[0]
+
+
+def test_float32_products_are_strict_unless_graft_tf32_is_1(monkeypatch):
+  from runtime import extern
+  assert gemm_compute("float32", monkeypatch, None) == extern.CUBLAS_COMPUTE_32F   # the default: strict float32
+  assert gemm_compute("float32", monkeypatch, "0") == extern.CUBLAS_COMPUTE_32F
+  assert gemm_compute("float32", monkeypatch, "1") == extern.CUBLAS_COMPUTE_32F_FAST_TF32
+  assert gemm_compute("float16", monkeypatch, "1") == extern.CUBLAS_COMPUTE_32F   # half products: float32 sums anyway
+  monkeypatch.setenv("GRAFT_TF32", "yes")
+  with pytest.raises(ValueError, match="GRAFT_TF32"): extern.tf32()
+
+
+def test_the_tf32_compute_type_is_the_headers(tmp_path):
+  import glob, subprocess
+  from runtime import extern
+  inc = [d for d in glob.glob("/usr/local/cuda*/include") if os.path.exists(os.path.join(d, "cublas_api.h"))]
+  if not inc: pytest.skip("no cublas_api.h here")
+  check = tmp_path / "check.c"
+  check.write_text(f"#include <cublas_api.h>\nint t[CUBLAS_COMPUTE_32F_FAST_TF32 == {extern.CUBLAS_COMPUTE_32F_FAST_TF32} ? 1 : -1];\n")
+  r = subprocess.run(["gcc", "-fsyntax-only", *(f"-I{d}" for d in inc), str(check)], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- on a GPU
+
+@pytest.fixture(scope="module")
+def gpu():
+  from runtime.device import get_device
+  from runtime.cuda import CUDAUnavailable
+  try: return get_device("CUDA")
+  except CUDAUnavailable as e: pytest.skip(f"no usable CUDA GPU here: {str(e).split(' (')[0]}")
+
+
+def rel_err(got, want) -> float: return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.mark.parametrize("m, k, n, transposed", [(128, 64, 128, False), (256, 96, 384, False), (512, 512, 1024, False),
+                                                 (256, 128, 256, True), (1024, 256, 1024, True)])
+def test_half_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed):
+  a = normal(m, k, seed=1)
+  w = normal(n, k, seed=2) if transposed else normal(k, n, seed=2)
+  tw = Tensor(w, device="CUDA")
+  out = Tensor(a, device="CUDA") @ (tw.T if transposed else tw)
+  assert "g_mma_tile" in cuda_text(out)
+  want = a.astype(np.float32) @ (w.T if transposed else w).astype(np.float32)
+  assert rel_err(out.numpy().astype(np.float32), want) < 2e-3   # one float16 rounding of a float32 sum
+
+
+def test_bf16_and_batched_products_with_an_epilogue_on_the_gpu(gpu):
+  a, w, b = normal(4, 128, 256, dtype=np.float32, seed=3), normal(4, 256, 128, dtype=np.float32, seed=4), normal(128, dtype=np.float32, seed=5)
+  ab, wb, bb = (bf16_to_float32(bf16_bits(v)) for v in (a, w, b))
+  out = (Tensor(a, dtype="bfloat16", device="CUDA") @ Tensor(w, dtype="bfloat16", device="CUDA") + Tensor(b, dtype="bfloat16", device="CUDA")).relu()
+  assert "g_mma_tile<__nv_bfloat16" in cuda_text(out)
+  want = np.maximum(bf16_to_float32(bf16_bits(ab @ wb)) + bb, 0)
+  assert rel_err(out.numpy(), want) < 2e-2   # bfloat16: 8 significant bits, two roundings
+  x, w16, b16 = normal(256, 128, seed=6), normal(128, 256, seed=7), normal(256, seed=8)
+  got = (Tensor(x, device="CUDA") @ Tensor(w16, device="CUDA") + Tensor(b16, device="CUDA")).gelu().numpy().astype(np.float32)
+  z = (x.astype(np.float32) @ w16.astype(np.float32)).astype(np.float16).astype(np.float32) + b16.astype(np.float32)
+  want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+  assert_allclose(got, want, rtol=2e-2, atol=2e-2)
