@@ -53,17 +53,21 @@ def shrink(u: UOp, bounds) -> UOp: return move(u, lambda v: v.shrink(tuple(bound
 
 
 def sum_axes(u: UOp, axes) -> UOp:
-  """u summed over `axes`, which are dropped. The summed axes are moved last first: a product summed over an inner
-  axis (the gradient of a matmul's operand) becomes a sum over the last axis, the form a library gemm is for."""
+  """u summed over `axes`, which are dropped. The summed axes are moved last and merged: a product of two views
+  summed that way (the gradient of a matmul's operand: a contraction of two stored operands) is a matrix product
+  over one axis, the form a library gemm takes, and it is stored by a kernel of its own."""
   shape = shape_of(u)
   axes = sorted(set(axes))
-  kept = [d for d in range(len(shape)) if d not in axes]
   if not axes: return u
-  if any(shape[d] != 1 for d in axes):
-    moved = permute(u, kept + axes)
-    red = UOp(Ops.REDUCE_AXIS, u.dtype, (moved,), (Ops.ADD, tuple(range(len(kept), len(shape)))))
-    u = red
-  return reshape(u, tuple(shape[d] for d in kept))
+  kept = [d for d in range(len(shape)) if d not in axes]
+  out_shape = tuple(shape[d] for d in kept)
+  if all(shape[d] == 1 for d in axes): return reshape(u, out_shape)
+  order, merged = kept + axes, (*out_shape, math.prod(shape[d] for d in axes))
+  if u.op is Ops.MUL and all(s.op is Ops.VIEW for s in u.src):   # moved in its operands: they stay single views
+    moved = u.replace(src=tuple(reshape(permute(s, order), merged) for s in u.src))
+    red = UOp(Ops.CONTIGUOUS, u.dtype, (UOp(Ops.REDUCE_AXIS, u.dtype, (moved,), (Ops.ADD, (len(kept),))),))
+  else: red = UOp(Ops.REDUCE_AXIS, u.dtype, (reshape(permute(u, order), merged),), (Ops.ADD, (len(kept),)))
+  return reshape(red, out_shape)
 
 
 def broadcast_back(g: UOp, shape) -> UOp:
@@ -121,7 +125,7 @@ def _zeros(like: UOp, shape) -> UOp:
 # ---- the rules: ctx is the incoming gradient, the result the gradients of the sources ----
 def _max_grad(ctx: UOp, node: UOp):
   # ties share the gradient equally (torch's maximum and amax)
-  a, b = node.src
+  a, b = kept(node.src[0]), kept(node.src[1])
   half = ctx * const_like(ctx, 0.5)
   zero = const_like(ctx, 0.0)
   a_wins, b_wins = b < a, a < b
@@ -136,7 +140,7 @@ def _reduce_grad(ctx: UOp, node: UOp):
   if op is Ops.ADD: return (g,)
   if op is not Ops.MAX: return None
   # the maximum's gradient goes to every element equal to it, shared equally among them (torch's amax)
-  hit = x.ne(broadcast_back(node, shape)).ne(True)
+  hit = kept(x).ne(broadcast_back(kept(node), shape)).ne(True)
   ones = hit.where(const_like(x, 1.0), const_like(x, 0.0))
   count = UOp(Ops.REDUCE_AXIS, x.dtype, (ones,), (Ops.ADD, axes))
   return (ones * broadcast_back(ctx / count, shape),)
@@ -149,14 +153,67 @@ def _view_grad(ctx: UOp, node: UOp):
 
 
 def _sin_grad(ctx: UOp, x: UOp):
-  h = UOp(Ops.SIN, x.dtype, (x * const_like(x, 0.5),))
+  h = UOp(Ops.SIN, x.dtype, (kept(x) * const_like(x, 0.5),))
   return (ctx * (const_like(x, 1.0) - const_like(x, 2.0) * h * h),)   # cos x = 1 - 2 sin^2(x/2), as tensor cos
 
 
 def _sigmoid_grad(ctx: UOp, node: UOp, x: UOp, c: UOp):
   # s = 1 / (1 + 2^(c x)): ds/dx = -s^2 2^(c x) c ln2 = -s (1 - s) c ln2. Through the primitives one at a time, 2^(c x)
   # overflows to inf where s is 0, and the chain rule meets 0 * inf (NaN in the gradient of a saturated tanh or gelu)
-  return {x: ctx * node * (const_like(node, 1.0) - node) * const_like(node, -c.arg * LN_2)}
+  s = kept(node)
+  return {x: ctx * s * (const_like(node, 1.0) - s) * const_like(node, -c.arg * LN_2)}
+
+
+def _stored(u: UOp) -> UOp:
+  """u as a buffer: itself when it is one (or a constant), else CONTIGUOUS(u)."""
+  if u.op is Ops.CONTIGUOUS or (u.op is Ops.VIEW and u.src[0].op in (Ops.BUFFER, Ops.CONST)): return u
+  if u.op is Ops.VIEW and u.src[0].op is Ops.CONTIGUOUS: return u
+  return UOp(Ops.CONTIGUOUS, u.dtype, (u,))
+
+
+def _stored_view(u: UOp) -> UOp:
+  """u read from a buffer: a view keeps its View over its stored source."""
+  if u.op is Ops.VIEW: return u if u.src[0].op in (Ops.BUFFER, Ops.CONST, Ops.CONTIGUOUS) else u.replace(src=(_stored(u.src[0]),))
+  return _stored(u)
+
+
+_holds: dict[UOp, bool] = {}
+
+
+def _holds_reduction(u: UOp) -> bool:
+  """u is computed (not read from a buffer) from a reduction through elementwise ops and views."""
+  if (known := _holds.get(u)) is not None: return known
+  if u.op is Ops.REDUCE_AXIS: out = True
+  elif u.op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.CONTIGUOUS, Ops.COPY, Ops.DEFINE_VAR): out = False
+  else: out = any(_holds_reduction(s) for s in u.src)
+  if len(_holds) > 100_000: _holds.clear()
+  _holds[u] = out
+  return out
+
+
+def kept(u: UOp) -> UOp:
+  """A forward value a gradient reads: read from a buffer when it is computed from a reduction (a product's output,
+  say), so the backward kernels that read it do not each compute the product again."""
+  return _stored_view(u) if _holds_reduction(u) else u
+
+
+def _contraction_grad(ctx: UOp, node: UOp, m: UOp):
+  # sum(x * y) over axes (a matrix product, an embedding's one-hot sum): each operand's gradient is the other times
+  # the broadcast gradient, summed back by the views' rules. Both factors are read from buffers (the gradient stored
+  # once, the forward operand stored again if it was computed inline), so the gradient is a product of two buffers:
+  # the form a library gemm takes, and a layout the kernel planner tiles
+  if node.arg[0] is not Ops.ADD: return None
+  g = expand(_stored(ctx), shape_of(m))
+  if m.op is Ops.MUL:
+    x, y = m.src
+    if x is y: return None
+    return {x: g * _stored_view(y), y: g * _stored_view(x)}
+  c, x, zero = m.src   # WHERE(c, x, 0): the one-hot pick; its gradient is the one-hot (stored as 0/1) times g
+  if not (zero.op is Ops.VIEW and zero.src[0].op is Ops.CONST and zero.src[0].arg == 0): return None
+  # the one-hot as 0/1 in x's dtype, stored at its own shape (c is usually a broadcast of a smaller comparison)
+  src, view = (c.src[0], c.arg) if c.op is Ops.VIEW else (c, None)
+  hits = _stored(src.where(const_like(src, 1.0, x.dtype), const_like(src, 0.0, x.dtype)))
+  return {x: g * (hits if view is None else UOp(Ops.VIEW, x.dtype, (hits,), view))}
 
 
 _constant = UPat(Ops.VIEW, src=(UPat.cvar("c"),))
@@ -167,22 +224,24 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.RECIP, name="node", src=(UPat(Ops.ADD, src=[UPat(Ops.EXP2, src=(UPat(Ops.MUL, src=[UPat.var("x"), _constant]),)),
                                                         _one]),)), _sigmoid_grad),
   (UPat(Ops.ADD, name="node"), lambda ctx, node: (ctx, ctx), "grad_add"),
-  (UPat(Ops.MUL, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0]), "grad_mul"),
+  (UPat(Ops.MUL, name="node"), lambda ctx, node: (ctx * kept(node.src[1]), ctx * kept(node.src[0])), "grad_mul"),
   (UPat(Ops.MULACC, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0], ctx), "grad_mulacc"),
   (UPat(Ops.NEG), lambda ctx: (-ctx,), "grad_neg"),
-  (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))), lambda ctx, a, b: (ctx / b, -(ctx * a) / (b * b)), "grad_fdiv"),
-  (UPat(Ops.RECIP, name="node"), lambda ctx, node: (-(ctx * node * node),), "grad_recip"),
-  (UPat(Ops.SQRT, name="node"), lambda ctx, node: (ctx / (node * const_like(node, 2.0)),), "grad_sqrt"),
-  (UPat(Ops.EXP2, name="node"), lambda ctx, node: (ctx * node * const_like(node, LN_2),), "grad_exp2"),
-  (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: (ctx / (x * const_like(x, LN_2)),), "grad_log2"),
+  (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))),
+   lambda ctx, a, b: (ctx / kept(b), -(ctx * kept(a)) / (kept(b) * kept(b))), "grad_fdiv"),
+  (UPat(Ops.RECIP, name="node"), lambda ctx, node: (-(ctx * kept(node) * kept(node)),), "grad_recip"),
+  (UPat(Ops.SQRT, name="node"), lambda ctx, node: (ctx / (kept(node) * const_like(node, 2.0)),), "grad_sqrt"),
+  (UPat(Ops.EXP2, name="node"), lambda ctx, node: (ctx * kept(node) * const_like(node, LN_2),), "grad_exp2"),
+  (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: (ctx / (kept(x) * const_like(x, LN_2)),), "grad_log2"),
   (UPat(Ops.SIN, src=(UPat.var("x"),)), _sin_grad),
   (UPat(Ops.MAX, name="node"), _max_grad),
   # piecewise constant: no gradient (torch's floor, round, comparisons); integer ops never carry one
   (UPat((Ops.TRUNC, Ops.CMPLT, Ops.CMPNE, Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.BITCAST),
         name="node"), lambda node: (None,) * len(node.src), "no_gradient"),
   (UPat(Ops.WHERE, src=(UPat.var("c"), UPat(), UPat())),
-   lambda ctx, c: (None, c.where(ctx, const_like(ctx, 0.0)), c.where(const_like(ctx, 0.0), ctx)), "grad_where"),
+   lambda ctx, c: (None, kept(c).where(ctx, const_like(ctx, 0.0)), kept(c).where(const_like(ctx, 0.0), ctx)), "grad_where"),
   (UPat(Ops.CAST, src=(UPat.var("x"),)), lambda ctx, x: (ctx.cast(x.dtype) if x.dtype.is_float else None,), "grad_cast"),
+  (UPat(Ops.REDUCE_AXIS, name="node", src=(UPat((Ops.MUL, Ops.WHERE), name="m"),)), _contraction_grad),
   (UPat(Ops.REDUCE_AXIS, name="node"), _reduce_grad),
   (UPat(Ops.VIEW, name="node"), _view_grad),
   (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,), "grad_contiguous"),
