@@ -11,7 +11,7 @@ calls; Graft's call replays its compiled program (no graph rebuilt; `call ms` be
 as a user's loop does). ok: Graft's result against torch's within the dtype's tolerance.
 """
 from __future__ import annotations
-import argparse, os, statistics, sys, time
+import argparse, math, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,18 +30,21 @@ def timed(fn, sync, calls: int = 10, rounds: int = 5) -> float:
 
 def main() -> None:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--quick", action="store_true", help="1024-sized problems (a smoke run)")
+  ap.add_argument("--quick", action="store_true", help="256-sized problems (a smoke run)")
+  ap.add_argument("--device", default="CUDA", help="CUDA, or CPU for a smoke run of the script itself")
   ap.add_argument("--only", default="", help="comma-separated row names")
+  ap.add_argument("--graft-only", action="store_true", help="no torch rows (comparing Graft's tiles: GRAFT_TC_TILE)")
   args = ap.parse_args()
   os.environ.setdefault("GRAFT_EXTERN", "0")
   import numpy as np, torch
   from tensor import Tensor
   from runtime import realize as rr
   from runtime.device import get_device
-  dev = get_device("CUDA")
-  sync = dev.synchronize
+  dev, on_gpu = get_device(args.device), args.device == "CUDA"
+  sync, tdev = dev.synchronize, "cuda" if on_gpu else "cpu"
+  tsync = torch.cuda.synchronize if on_gpu else (lambda: None)
   torch.backends.cuda.matmul.allow_tf32 = False
-  big, mid = (1024, 512) if args.quick else (8192, 4096)
+  big, mid = (256, 128) if args.quick else (8192, 4096)
   rng = np.random.default_rng(0)
   rows = []
 
@@ -52,16 +55,16 @@ def main() -> None:
     try:
       arrays = [rng.standard_normal(s, dtype=np.float32) * (1 / np.sqrt(s[-1]) if i else 1) for i, s in enumerate(shapes)]
       td = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-      tt = [torch.from_numpy(a).to("cuda", td) for a in arrays]
-      gt = [Tensor(a, dtype=dtype, device="CUDA").realize() for a in arrays]
+      tt = [torch.from_numpy(a).to(tdev, td) for a in arrays]
+      gt = [Tensor(a, dtype=dtype, device=args.device).realize() for a in arrays]
       t0 = time.perf_counter(); first = graft_fn(*gt).realize(); sync(); cold = time.perf_counter() - t0
-      program = rr.last_program()
+      program, inputs = rr.find_program([(graft_fn(*gt).uop, args.device)])   # the cached program and its input buffers
       kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
       tc = any("g_mma_tile" in ck.source for ck in program.kernels_called())
-      g = timed(lambda: program.run(), sync)
+      g = timed(lambda: program.run(inputs), sync)
       call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)
       ref = torch_fn(*tt)
-      t = timed(lambda: torch_fn(*tt), torch.cuda.synchronize)
+      t = math.nan if args.graft_only else timed(lambda: torch_fn(*tt), tsync)
       got, want = first.numpy().astype(np.float32), ref.float().cpu().numpy()
       err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
       rows.append((name, dtype, g * 1e3, call * 1e3, flops / g / 1e12, t * 1e3, flops / t / 1e12, t / g, err < tol, err, tc, cold, kernels))
@@ -86,8 +89,8 @@ def main() -> None:
   run(f"tf32_{mid}", [(mid, mid), (mid, mid)], "float32", mm, tf32_torch, 2 * mid ** 3, 1e-2, env={"GRAFT_TF32": "1", "GRAFT_EXTERN": "1"})
   run(f"fp32_{mid}_strict", [(mid, mid), (mid, mid)], "float32", mm, mm, 2 * mid ** 3, 1e-4)
 
-  print(f"GPU: {torch.cuda.get_device_name()}  (torch {torch.__version__}; Graft GRAFT_EXTERN={os.environ['GRAFT_EXTERN']} "
-        f"except the tf32 row)")
+  print(f"device: {torch.cuda.get_device_name() if on_gpu else args.device}  (torch {torch.__version__}; Graft GRAFT_EXTERN={os.environ['GRAFT_EXTERN']} "
+        f"except the tf32 row; GRAFT_TC_TILE={os.environ.get('GRAFT_TC_TILE', '')!r})")
   print(f"{'row':<16}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok    tc  cold s  kernels")
   for r in rows:
     name, dt, g, call, gf, t, tf, ratio, ok, err, tc, cold, kernels = r

@@ -9,7 +9,7 @@ and `may_alias`, so any element address will do), `VECTORIZE` is a vector litera
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
-from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head, gated_read
 
 # exp2 and log2 of float written out branch-free, so that gcc vectorizes the loops that call them (libm's exp2f and
 # log2f are scalar calls without -ffast-math). Both are within 2 ulp of libm over the whole float range, and keep
@@ -75,8 +75,9 @@ def _vector_typedefs() -> str:
                 f"static inline {t} g_register_{t}({t} v) {{ __asm__(\"\" : \"+x\"(v)); return v; }}",
                 "#else", f"static inline {t} g_register_{t}({t} v) {{ return v; }}", "#endif"]
       # the lanes of a masked vector load, at the edges of padding: a call of its own keeps it out of the hot path
-      lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* p, int valid) {{ {t} v = {{0}}; "
-                   f"for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = p[i]; return v; }}")
+      # (base and index apart: base+index may lie outside the buffer, and only valid lanes form an address)
+      lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* base, long long index, int valid) {{ "
+                   f"{t} v = {{0}}; for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = base[index + i]; return v; }}")
   return "\n".join(lines)
 
 
@@ -126,13 +127,16 @@ float_max = UPat(Ops.REDUCE, name="red", arg=Ops.MAX, dtype=(dtypes.float16, dty
 
 
 def _vector_load(ctx: RenderContext, ld: UOp) -> str | None:
-  """A vector load; masked (rules/opt/vector.py), it reads the vector at once only when every lane is valid."""
+  """A vector load; masked (rules/opt/vector.py), the whole vector is read at an in-bounds address (cstyle's
+  `gated_read`) and kept when every lane is valid; otherwise the valid lanes are read one by one."""
   if ld.dtype.count == 1: return None
-  t, p, valid = ctx.lang.type(ld.dtype), ctx[ld.src[0]], [ctx[v] for v in ld.src[1:]]
-  whole = f"(*({t}*){p})"
-  if not valid: return f"g_register_{t}{whole}"
-  if len(valid) == 1: return f"({valid[0]}?{whole}:({t}){{0}})"
-  return f"(({'&&'.join(valid)})?{whole}:g_masked_{t}({p}, {'|'.join(f'({v}<<{c})' for c, v in enumerate(valid))}))"
+  t, (buf, idx), valid = ctx.lang.type(ld.dtype), ld.src[0].src, ld.src[1:]
+  if not valid: return f"g_register_{t}(*({t}*){ctx[ld.src[0]]})"
+  every = valid[0] if len(valid) == 1 else UOp(Ops.AND, dtypes.bool, valid)  # only named here, never in the graph
+  if len(valid) > 1: ctx.names[every] = f"({'&&'.join(ctx[v] for v in valid)})"
+  whole = gated_read(ctx, buf, idx, every, t, f"*({t}*)")
+  if len(valid) == 1: return f"({ctx[every]}?{whole}:({t}){{0}})"
+  return f"({ctx[every]}?{whole}:g_masked_{t}({ctx[buf]}, {ctx[idx]}, {'|'.join(f'({ctx[v]}<<{c})' for c, v in enumerate(valid))}))"
 
 
 def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:

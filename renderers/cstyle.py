@@ -39,18 +39,23 @@ class Language:
     return dt.cname
 
   def literal(self, dt: DType, v) -> str:
+    """The C text of constant v of dtype dt. A negative one is in parentheses: a rule may put `-` or any operator
+    before it (`-` before `-0.5f` would be the decrement `--`)."""
     if dt.is_bool: return "1" if v else "0"
     if dt is dtypes.bfloat16: return self.bf16_bits_literal.format(bits=int(bf16_bits([v])[0]))
     if dt.is_float:
       if math.isnan(v): s = self.nan
       elif math.isinf(v): s = self.infinity if v > 0 else f"(-{self.infinity})"
       else: s = repr(float(v)) + ("" if dt is dtypes.float64 else "f")
+      if s.startswith("-"): s = f"({s})"   # also -0.0, whose sign matters (1/-0.0)
       return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.type(dt)}){s})"
     if dt.is_int:
       v = int(v)
       suffix = {dtypes.int64: "LL", dtypes.uint64: "ULL", dtypes.uint32: "U"}.get(dt, "")
-      if v == dtypes.min(dt) and not dt.is_unsigned: return f"({self.type(dt)})({v + 1}{suffix}-1)"
-      return f"{v}{suffix}" if suffix or dt is dtypes.int32 else f"(({self.type(dt)}){v})"
+      # the most negative value has no literal of its own type (2147483648 is too wide for int)
+      if v == dtypes.min(dt) and not dt.is_unsigned: return f"(({self.type(dt)})({v + 1}{suffix}-1))"
+      s = f"({v}{suffix})" if v < 0 else f"{v}{suffix}"
+      return s if suffix or dt is dtypes.int32 else f"(({self.type(dt)}){s})"
     raise TypeError(f"no literal of {dt}")
 
   def math(self, fn: str, dt: DType) -> str: return fn if dt is dtypes.float64 else f"{fn}f"
@@ -61,10 +66,18 @@ class RenderContext:
   lang: Language
   names: dict[UOp, str] = field(default_factory=dict)
   accumulators: dict[UOp, list[UOp]] = field(default_factory=dict)  # innermost loop of reductions -> the REDUCEs
+  declared: list[tuple[str, str, str]] = field(default_factory=list)  # (type, name, text) to declare before the value
+  temporaries: int = 0
   def __getitem__(self, u: UOp) -> str:
     # constants are not in the instruction list: each is its literal
     if u.op is Ops.CONST and u not in self.names: self.names[u] = self.lang.literal(u.dtype, u.arg)
     return self.names[u]
+
+  def declare(self, type_: str, text: str) -> str:
+    """A variable of its own for `text`, declared just before the value being rendered; returns its name."""
+    self.temporaries += 1
+    self.declared.append((type_, name := f"t{self.temporaries}", text))
+    return name
 
 
 def _max(ctx: RenderContext, x: UOp) -> str:
@@ -100,6 +113,20 @@ def loop_head(ctx: RenderContext, r: UOp) -> str:
   return f"for ({ctx.lang.type(r.dtype)} {ctx[r]} = 0; {ctx[r]} < {ctx[r.src[0]]}; {ctx[r]}++) {{"
 
 
+def gated_read(ctx: RenderContext, buf: UOp, idx: UOp, valid: UOp, type_: str, deref: str = "*") -> str:
+  """The value at buf[idx] where `valid` holds, read at an address that is always in bounds: where the gate is off
+  the read is of element 0 (idx*valid), unconditional, and a select keeps it or not (the caller). No address outside
+  the buffer is ever formed, and no branch guards a load. With the plain `valid ? buf[idx] : 0`, gcc 12.2 -O3 turns
+  the guarded reads of an unrolled loop into a group of masked vector loads and reads a backward walk one element off
+  (issue 22); a select in the index (`valid ? idx : 0`) does not help, since gcc threads the branch back onto the
+  load. A product has no branch to thread. `deref` reads a vector: `*(floatx8*)`."""
+  return ctx.declare(type_, f"{deref}({ctx[buf]}+{ctx[idx]}*{ctx[valid]})")
+
+
+def render_gated_load(ctx: RenderContext, ld: UOp, buf: UOp, idx: UOp, valid: UOp) -> str:
+  return f"({ctx[valid]}?{gated_read(ctx, buf, idx, valid, ctx.lang.type(ld.dtype))}:{ctx.lang.literal(ld.dtype, 0)})"
+
+
 def _cast(ctx: RenderContext, x: UOp) -> str:
   src = x.src[0].dtype
   if dtypes.bfloat16 not in (x.dtype, src): return f"(({ctx.lang.type(x.dtype)})({ctx[x.src[0]]}))"
@@ -120,8 +147,7 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}", "render_define_global"),
   (UPat(Ops.INDEX, name="i"), lambda ctx, i: f"({ctx[i.src[0]]}+{ctx[i.src[1]]})", "render_index"),
   (UPat(Ops.LOAD, src=(UPat.var("idx"),)), lambda ctx, idx: f"(*{ctx[idx]})", "render_load"),
-  (UPat(Ops.LOAD, name="ld", src=(UPat.var("idx"), UPat.var("valid"))),
-   lambda ctx, ld, idx, valid: f"({ctx[valid]}?*{ctx[idx]}:{ctx.lang.literal(ld.dtype, 0)})", "render_masked_load"),
+  (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, src=(UPat.var("buf"), UPat.var("idx"))), UPat.var("valid"))), render_gated_load),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), lambda ctx, idx, val: f"*{ctx[idx]} = {ctx[val]};", "render_store"),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"), UPat.var("gate"))),
    lambda ctx, idx, val, gate: f"if ({ctx[gate]}) *{ctx[idx]} = {ctx[val]};", "render_gated_store"),
@@ -178,6 +204,10 @@ def _render_lines(name: str, linear: UOp, rewrite, lang: Language, prefix_lines)
       continue
     text = rewrite(u, ctx)
     if text is None: raise NotImplementedError(f"the {lang.kernel_prefix!r} renderer has no rule for {u.op} of {u.dtype}")
+    for type_, var, value in ctx.declared:
+      lines.append(f"{'  ' * depth}{type_} {var} = {value};")
+      if depth == 1: outer_vars[var] = type_
+    ctx.declared.clear()
     if u.op is Ops.END: depth -= 1
     if outlining is not None and u.op is Ops.END and u.src[0] is outlining[0]:
       body, lines[outlining[1]:] = lines[outlining[1]:], []

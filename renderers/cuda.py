@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
-from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules
+from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -94,7 +94,8 @@ class CUDARenderer:
   def render(self, name: str, linear: UOp) -> str:
     dims = launch_dims(linear)
     threads = dims[1][0] if dims else 1
-    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}) void')
+    shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void')
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
   def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"

@@ -3,7 +3,8 @@
 `MMA(A, B, arg=TileSpec)` renders as a lane's accumulator array and one call of `g_mma_tile`, a template of the
 prelude below instantiated with the tile's sizes, layouts and strides (all compile-time: every loop unrolls, every
 accumulator stays in a register); `GEP(MMA, e)` is element e of the array. The template:
-- copies each slice of BK along k of the block's A tile (BM rows) and B tile (BN columns) into shared memory with
+- copies each slice of BK along k of the block's A tile (BM rows) and B tile (BN columns) into shared memory (dynamic
+  shared memory, its size declared on the kernel with `G_SHARED(bytes)`, which runtime/cuda.py reads) with
   `cp.async` 16-byte copies, STAGES slices in flight (the copy of slice s + STAGES - 1 overlaps the math on slice s);
   a row of a tile is stored with its 16-byte chunks permuted by the row's low bits (`g_swizzle`), so that the 8 rows
   one `ldmatrix` reads lie in 32 different banks;
@@ -49,14 +50,18 @@ template <int W> __device__ __forceinline__ int g_swizzle(int row, int chunk) {
   const int x = CHUNKS >= 8 ? (row & 7) : CHUNKS == 4 ? ((row >> 1) & 3) : CHUNKS == 2 ? ((row >> 2) & 1) : 0;
   return row * W + ((chunk ^ x) << 3);
 }
+/* the block's shared tiles: dynamic shared memory, as a tile may pass the 48 KiB of static shared memory (the kernel
+   declares its size with G_SHARED(bytes): runtime/cuda.py reads it, raises the function's limit and launches with it) */
+#define G_SHARED(bytes)
+extern __shared__ __align__(128) unsigned char g_dynamic_shared[];
 /* one block's BM x BN product tile: acc[(mt * NT + nt) * 4 + c] of each lane (see renderers/cuda_mma.py) */
 template <class T, int BM, int BN, int BK, int WM, int WN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
 __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B) {
   constexpr int THREADS = WM * WN * 32, MT = BM / WM / 16, NT = BN / WN / 8, KT = K / BK;
   static_assert(K % BK == 0 && BK % 16 == 0 && NT % 2 == 0 && MT >= 1, "tile sizes");
   static_assert((BM * BK / 8) % THREADS == 0 && (BN * BK / 8) % THREADS == 0, "a tile is copied in whole turns");
-  __shared__ __align__(128) T sa[STAGES][BM * BK];
-  __shared__ __align__(128) T sb[STAGES][BN * BK];
+  T (*sa)[BM * BK] = reinterpret_cast<T (*)[BM * BK]>(g_dynamic_shared);
+  T (*sb)[BN * BK] = reinterpret_cast<T (*)[BN * BK]>(g_dynamic_shared + STAGES * BM * BK * sizeof(T));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
 #pragma unroll
@@ -127,6 +132,11 @@ def render_mma(ctx, m: UOp) -> str:
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
   return f"float {ctx.names[m]}[{s.regs}];\ng_mma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
+
+
+def shared_bytes(linear: UOp) -> int:
+  """The dynamic shared memory a linear kernel's MMA tiles take (0 without one)."""
+  return max((u.arg.shared_bytes for u in linear.src if u.op is Ops.MMA), default=0)
 
 
 mma_rules = PatternMatcher([

@@ -271,7 +271,16 @@ def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", whole), (repr(opt), calls))))
 
 
+def skip_empty_kernel(k: UOp) -> UOp | None:
+  """A kernel whose every store writes no element has nothing to do: no step. (Lowered, its loop over a dimension of
+  size 0 leaves no index, since a view of no elements has stride 0, and the body ran once and wrote one element past
+  a buffer of none: found by GRAFT_SANITIZE's fuzzing, issue 22.)"""
+  if all(st.src[0].op is Ops.VIEW and st.src[0].arg.size == 0 for st in k.src): return UOp(Ops.SINK, src=(), arg="steps")
+  return None
+
+
 host_rules = PatternMatcher([
+  (UPat(Ops.KERNEL, name="k"), skip_empty_kernel),
   (UPat(Ops.KERNEL, name="k"), store_into_assigned_buffer),
   (UPat(Ops.KERNEL, name="k"), call_library_for_matmul),
   (UPat(Ops.KERNEL, name="k"), offer_split_reduction),

@@ -59,10 +59,9 @@ def index_view(ctx: LowerContext, i: UOp, v: UOp, x: UOp) -> UOp:
     index = UOp(Ops.INDEX, x.dtype.ptr(), (ctx.define_global(x), flat))
     return UOp(Ops.LOAD, i.dtype, (index,) if valid is None else (index, valid))
   if x.op is Ops.CONST: return guarded(valid, UOp.const(i.dtype, x.arg))
-  # the source is computed at the index even where the mask discards it (a padded reduction runs its loop, then the
-  # select drops it): where invalid, ask for element 0, so no load of it reads outside its buffer
-  if valid is not None: flat = valid.where(flat, UOp.const(flat.dtype, 0))
-  return guarded(valid, indexed(x, unflatten(flat, shape_of(x))))
+  # where the view is padding, `flat` may lie outside x, and x's loads, computed anyway (the where is a select), would
+  # read outside their buffers (GRAFT_SANITIZE found it, issue 22): there x is read at index 0 instead
+  return guarded(valid, indexed(x, unflatten(flat if valid is None else valid.where(flat, UOp.const(flat.dtype, 0)), shape_of(x))))
 
 
 def index_reduce(ctx: LowerContext, i: UOp, r: UOp, x: UOp) -> UOp:

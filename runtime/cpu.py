@@ -40,7 +40,7 @@ from typing import Any
 
 import cffi
 
-from rewrite.env import env_number
+from rewrite.env import env_number, env_flag
 from runtime import cache
 from runtime.device import Allocator, CompileError, Device, host_memory_bytes, parameter_types, run_compiler
 
@@ -49,6 +49,16 @@ from runtime.device import Allocator, CompileError, Device, host_memory_bytes, p
 # -fno-trapping-math gcc 12 leaves the clamps of g_exp2f as branches and does not vectorize exp loops (softmax's
 # exp kernels ran 4-6x slower on an AVX2 EPYC). Values are unchanged: no reassociation, NaN and inf as before.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+# Added where the compiler takes them (a probe, once per compiler): gcc 12 with -march=native on a CPU with AVX512-FP16
+# emits masked `vmovsh` for _Float16 selects, which binutils 2.40 cannot assemble (a compile failure the fuzzer found,
+# issue 22); half math then goes through float conversions (F16C), as on every other CPU.
+OPTIONAL_CFLAGS = ("-mno-avx512fp16",)
+# GRAFT_SANITIZE=1: kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, no -O3 vectorization, stopping
+# at the first report; an out-of-bounds read or a signed overflow in generated code is caught where it happens. The
+# ASan runtime must be loaded first in the process: run with LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+# ASAN_OPTIONS=detect_leaks=0 (python itself leaks by ASan's count); `python3 bench/fuzz.py --sanitize` does it.
+SANITIZE_CFLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                   "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
 # threads that finish a parallel loop sleep until the next one instead of spinning (libgomp reads this when the first
 # kernel library loads; a user's setting wins): on a machine whose cores other processes also use, a spinning
 # thread takes the core from the thread that still has work, and every parallel loop waits for the slowest
@@ -247,15 +257,44 @@ def machine_identity() -> str:
   return "\n".join([platform.machine(), *dict.fromkeys(lines)])
 
 
+def sanitizing() -> bool:
+  return env_flag("GRAFT_SANITIZE", False, "kernels built with -fsanitize=address,undefined")
+
+
+@functools.cache
+def _accepted(cc: tuple[str, ...], flag: str) -> bool:
+  try: return subprocess.run([*cc, flag, "-x", "c", "-c", "-o", os.devnull, "-"], input="int x;", capture_output=True,
+                             text=True, timeout=60).returncode == 0
+  except (OSError, subprocess.SubprocessError): return False
+
+
+def cflags(cc: list[str]) -> tuple[str, ...]:
+  """The flags of a kernel build with compiler `cc`: CFLAGS and the optional ones it takes, or the sanitizer's."""
+  if sanitizing():
+    _check_asan_loaded()
+    return SANITIZE_CFLAGS
+  return CFLAGS + tuple(f for f in OPTIONAL_CFLAGS if _accepted(tuple(cc), f))
+
+
+def _check_asan_loaded() -> None:
+  try:
+    with open("/proc/self/maps") as f: loaded = "libasan" in f.read()
+  except OSError: return   # no /proc: let the loader say it
+  if not loaded:
+    raise CompileError("GRAFT_SANITIZE=1 builds kernels with AddressSanitizer, whose runtime must be the first library "
+                       "of the process: run python with LD_PRELOAD=$(gcc -print-file-name=libasan.so) and "
+                       "ASAN_OPTIONS=detect_leaks=0 (or run `python3 bench/fuzz.py --sanitize`)")
+
+
 def compile_c(cc: list[str], src: Path, out: Path) -> None:
   """The one compiler call: `src` (C with OpenMP) into the shared library `out`. Raises CompileError."""
-  run_compiler([*cc, *CFLAGS, "-o", str(out), str(src), "-lm"], "the C compiler", src)
+  run_compiler([*cc, *cflags(cc), "-o", str(out), str(src), "-lm"], "the C compiler", src)
 
 
 def _gcc_build() -> tuple[tuple[str, ...], Any]:
   """The cache key's compiler part and the build function of shared libraries."""
   cc = compiler()
-  return (compiler_identity(cc), *CFLAGS, machine_identity()), functools.partial(compile_c, cc)
+  return (compiler_identity(cc), *cflags(cc), machine_identity()), functools.partial(compile_c, cc)
 
 
 def library_path(source: str) -> Path:

@@ -82,6 +82,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t nbytes);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t nbytes);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name);
+CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridX, unsigned int gridY, unsigned int gridZ,
                         unsigned int blockX, unsigned int blockY, unsigned int blockZ,
                         unsigned int sharedMemBytes, CUstream stream, void **kernelParams, void **extra);
@@ -236,6 +237,18 @@ def kernel_params(source: str, name: str) -> list[str]:
   return types
 
 
+def dynamic_shared_bytes(source: str, name: str) -> int:
+  """The dynamic shared memory kernel `name` declares with `G_SHARED(bytes)` before its name (0 where it does not):
+  a tensor-core tile (renderers/cuda_mma.py)."""
+  m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
+  g = re.search(r"\bG_SHARED\((\d+)\)", m.group(1)) if m else None
+  return int(g.group(1)) if g else 0
+
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_STATIC_SHARED_LIMIT = 48 << 10   # a launch may take this much dynamic shared memory without raising the limit
+
+
 # ---------------------------------------------------------------- allocator
 
 class CUDAAllocator(Allocator):
@@ -286,10 +299,14 @@ def _dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, int]:
 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
-  __slots__ = ("name", "device", "function", "params", "path")
+  __slots__ = ("name", "device", "function", "params", "path", "shared")
 
-  def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path):
+  def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0):
     self.name, self.device, self.function, self.params, self.path = name, device, function, params, path
+    self.shared = shared   # bytes of dynamic shared memory each launch gets
+    if shared > _STATIC_SHARED_LIMIT:
+      check("cuFuncSetAttribute", _lib.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+            f"kernel {name} asks for {shared} bytes of dynamic shared memory")
 
   def __call__(self, *args: int | float, global_size: int | Sequence[int] | None = None,
                local_size: int | Sequence[int] | None = None, wait: bool = False) -> float | None:
@@ -329,7 +346,7 @@ class CUDAProgram:
       _lib.cuEventDestroy_v2(start[0])
 
   def _launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: Any) -> None:
-    code = _lib.cuLaunchKernel(self.function, *grid, *block, 0, _ffi.NULL, params, _ffi.NULL)
+    code = _lib.cuLaunchKernel(self.function, *grid, *block, self.shared, _ffi.NULL, params, _ffi.NULL)
     if code != 0:
       d = self.device
       check("cuLaunchKernel", code, f"kernel {self.name} (in {self.path}) with grid {grid} and block {block}; "
@@ -405,7 +422,7 @@ class CUDADevice(Device):
         raise CompileError(f"kernel {n!r} is not in {path} (source {path.with_suffix('.cu')}); is it declared "
                            f"extern \"C\" __global__?")
       check("cuModuleGetFunction", code)
-      progs[n] = CUDAProgram(n, self, fn[0], params[n], path)
+      progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n))
     return progs
 
   def _module(self, path: Path) -> Any:

@@ -1,20 +1,31 @@
-"""In-place updates: `Tensor.assign(value)` and `t[index] = value` write into the tensor's existing memory.
+"""In-place updates: `Tensor.assign(value)` and `t[index] = value` write into the tensor's memory, and views write
+through, as in numpy and torch.
 
-Semantics are those of eager execution in program order: a lazy tensor built before an update reads the old values,
-one built after reads the new ones. How:
-  - The target is realized first (a lazy tensor becomes a buffer), then the update runs at once, as one realize
-    whose output is written into the target's buffer through the view the index selects (rules/host.py: stored
-    there directly when the kernel reads the target only at the element it writes, else computed aside and copied).
+Views. A tensor made from another by movements that one strided view can say, without padding (reshape, permute,
+slicing and indexing with any step, flip, expand, squeeze...), is a view of that tensor: they share memory, and an
+update through either is seen by both (`row = W[0]; row[:] = 0` zeroes W's first row; `W[0, 0] = 5` shows in `row`),
+as in numpy and torch. A movement that numpy answers with a copy is a new tensor here too: `pad`, and a reshape that
+no single strided view can say (of a permuted tensor, say). Writing into an expanded view, whose elements share
+memory, is a ValueError, as in torch. A view of a lazy tensor becomes a view of its memory when that tensor is
+realized (an update of it realizes it first). The registry below knows, for each view tensor alive, what it views:
+a Buffer (memory) and where, or the lazy tensor it was taken from.
+
+Other lazy tensors follow eager execution in program order: one built before an update reads the old values, one
+built after reads the new ones. How:
+  - The update runs at once, as one realize whose output is written into the target's buffer through the view the
+    index selects (rules/host.py: stored there directly when the kernel reads the target only at the element it
+    writes, else computed aside and copied).
   - Lazy graphs built before the update hold the target's BUFFER node (its Buffer object is the version they read).
     When one may still read it, the old contents are kept for them: that Buffer object gets a copy of its contents in
-    new memory, and the tensor continues as a new Buffer object that takes over the original memory, into which the
+    new memory, and the views continue as a new Buffer object that takes over the original memory, into which the
     update writes. "May still read it" is: the value being written reads the target (it is itself such a graph, and
-    the caller may keep it), or the target's BUFFER node is still alive once this tensor lets go of it and the cyclic
+    the caller may keep it), or the target's BUFFER node is still alive once the views let go of it and the cyclic
     garbage collector has run. Otherwise the same Buffer object is written.
 Errors (a shape that does not broadcast to the selection, another dtype) are raised before anything is written.
 """
 from __future__ import annotations
-import gc, weakref
+import gc, threading, weakref
+from dataclasses import dataclass
 import numpy as np
 from rewrite import UOp, Ops, dtypes
 from rules.strided_view import View
@@ -43,32 +54,167 @@ def value_tensor(target, value, shape: tuple[int, ...], what: str):
   return value.to(target.device).broadcast_to(tuple(shape))
 
 
+# ---- the registry of views ----
+
+@dataclass(eq=False)
+class _Entry:
+  tensor: weakref.ref
+  base: object          # a Buffer (the view is of memory), or a weakref to the lazy tensor the view was taken from
+  view: View            # where the tensor's elements are in the base's memory, or in its contiguous layout
+  key: int              # id of the base when registered (the index below)
+
+  def base_is(self, base) -> bool: return (self.base() if isinstance(self.base, weakref.ref) else self.base) is base
+
+
+_entries: dict[int, _Entry] = {}          # id(tensor) -> its entry
+_by_base: dict[int, set[int]] = {}        # id(Buffer or lazy tensor) -> ids of the tensors that view it
+_lock = threading.RLock()                 # (tensors are made and realized from several threads)
+
+
+def _register(t, base, view: View) -> None:
+  with _lock:
+    _unregister(id(t))
+    key = id(base() if isinstance(base, weakref.ref) else base)
+    _entries[id(t)] = _Entry(weakref.ref(t, lambda r, k=id(t): _forget(k, r)), base, view, key)
+    _by_base.setdefault(key, set()).add(id(t))
+
+
+def _unregister(tid: int) -> None:
+  with _lock:
+    if (e := _entries.pop(tid, None)) is not None and (ids := _by_base.get(e.key)) is not None:
+      ids.discard(tid)
+      if not ids: del _by_base[e.key]
+
+
+def _forget(tid: int, ref) -> None:
+  with _lock:
+    if (e := _entries.get(tid)) is not None and e.tensor is ref: _unregister(tid)
+
+
+def _viewers(base) -> list:
+  """The live tensors that view `base` (a Buffer or a lazy tensor), with their entries."""
+  with _lock:
+    entries = [_entries.get(tid) for tid in _by_base.get(id(base), ())]
+    return [(t, e) for e in entries if e is not None and e.base_is(base) and (t := e.tensor()) is not None]
+
+
+def _entry(t) -> _Entry | None:
+  e = _entries.get(id(t))
+  return e if e is not None and e.tensor() is t else None
+
+
+def is_view(t) -> bool:
+  """Whether t views another tensor's memory (or a lazy tensor's, which will be memory): realizing it means nothing."""
+  e = _entry(t)
+  return e is not None and (isinstance(e.base, weakref.ref) or not (t.uop.op is Ops.VIEW and t.uop.arg.is_contiguous
+                                                                    and t.uop.arg.size == e.base.size))
+
+
+def note(t):
+  """Record that t views memory, if its graph is VIEW(BUFFER) without padding (the owner of a buffer, or a view of
+  it); returns t. Called for every tensor that Tensor makes."""
+  u = t.uop
+  if u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.mask is None: _register(t, u.src[0].arg, u.arg)
+  return t
+
+
+def view_taken(t, parent, move):
+  """t was made from `parent` by `move` (a View -> View movement, tensor/movement.py). When the parent is lazy, t is
+  a view of the lazy tensor at the root of the movements, where `move` (applied to where the parent's elements are in
+  the root) says a single view without padding; otherwise it is a copy, as numpy's reshape makes one."""
+  if (e := _entry(t)) is not None and not isinstance(e.base, weakref.ref): return t   # a view of memory (note)
+  pe = _entry(parent)
+  if pe is None:
+    if parent.uop.op is Ops.VIEW and parent.uop.src[0].op is Ops.BUFFER: return t    # (a padded view of memory)
+    root, where = parent, move(View.contiguous(parent.shape))
+  elif isinstance(pe.base, weakref.ref) and (root := pe.base()) is not None: where = move(pe.view)
+  else: return t
+  if where is None or where.mask is not None: _unregister(id(t))
+  else: _register(t, weakref.ref(root), where)
+  return t
+
+
+def realized(t) -> None:
+  """t (no view) was just realized into memory of its own: it owns that memory now, and the views taken from it while
+  it was lazy view the memory."""
+  u = t.uop
+  _register(t, u.src[0].arg, u.arg)
+  for v, e in _viewers(t):
+    v.uop = UOp(Ops.VIEW, v.dtype, (u.src[0],), e.view)
+    _register(v, u.src[0].arg, e.view)
+
+
+def _as_memory_view(target) -> None:
+  """Make target.uop VIEW(BUFFER) of the memory it views: realizing the lazy tensor it is a view of, or itself when it
+  is no view (it then owns the memory)."""
+  e = _entry(target)
+  if e is not None and isinstance(e.base, weakref.ref):
+    if (root := e.base()) is not None: root.realize()   # the view becomes a view of its memory (`realized`)
+    else: _unregister(id(target))                        # what it was taken from is gone: it is a tensor of its own
+    e = _entry(target)
+  if e is None or isinstance(e.base, weakref.ref):
+    target.realize()
+    if _entry(target) is None: note(target)
+    return
+  buf = e.base
+  target.uop = UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), e.view)
+
+
+def setitem(target, index, value) -> None:
+  _as_memory_view(target)
+  view = target._selected_view(index)
+  write(target, view, value_tensor(target, value, view.shape, f"t[{index!r}] = ..."))
+
+
+def assign(target, value) -> None:
+  if hasattr(value, "shape") and not is_scalar(value) and tuple(value.shape) != target.shape:
+    raise ValueError(f"assign: a value of shape {tuple(value.shape)} cannot be assigned to a tensor of shape {target.shape}")
+  _as_memory_view(target)
+  write(target, target.uop.arg, value_tensor(target, value, target.shape, "assign"))
+
+
 def write(target, view: View, value) -> None:
-  """Write tensor `value` (already of view.shape, checked) into `target`'s memory at `view`."""
+  """Write tensor `value` (already of view.shape, checked) into the memory target views, at `view` of that memory."""
   write_many([(target, view, value)])
 
 
 def write_many(writes: list, also=()) -> None:
-  """Each (target, view, value) of `writes` (values checked, targets distinct) written as by write(), all in ONE
-  realize, which also realizes the tensors of `also` (an optimizer's step: every parameter and state, and the
-  gradients and loss they read). Every value reads the old contents of every target."""
+  """Each (target, view, value) of `writes` (targets views of memory, values checked, no two targets one memory)
+  written as by write(), all in ONE realize, which also realizes the tensors of `also` (an optimizer's step: every
+  parameter and state, and the gradients and loss its updates read). Every value reads the old contents of every
+  target."""
   from runtime.realize import realize
   writes = [(t, v, x) for t, v, x in writes if v.size != 0]
+  for _, view, _ in writes:
+    if any(st == 0 and n > 1 for n, st in zip(view.shape, view.strides)):
+      raise ValueError(f"an in-place update of {view.shape} elements of which several are one element in memory (a "
+                       f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
   if not writes: return
-  type(writes[0][0]).realize_all(*(t for t, _, _ in writes))
-  read = set()
-  for _, _, value in writes: read.update(value.uop.toposort)
-  for a in also: read.update(a.uop.toposort)
+  also = [a for a in also if not a.is_realized and not is_view(a)]
+  value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
+  read: set = set()
+  for u in value_uops + [a.uop for a in also]: read.update(u.toposort)
+  nodes = []
   for target, _, _ in writes:
     old = target.uop.src[0]
+    buf = old.arg
     reads_target = old in read
-    holder, buf = weakref.ref(old), old.arg
-    target.uop = None  # let go of the old version, to see who else holds it
+    views = [(t, e.view) for t, e in _viewers(buf)]
+    holder = weakref.ref(old)
+    for t, _ in views: t.uop = None   # let go of the old version, to see who else holds it
     del old
-    earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
-    dest = buf.split_version() if earlier_readers else buf
-    target.uop = UOp(Ops.VIEW, dest.dtype, (UOp(Ops.BUFFER, dest.dtype, (), dest),), View.contiguous(target.shape))
-  also = [a for a in also if not a.is_realized]
-  outs = realize([(value.uop, target.device) for target, _, value in writes] + [(a.uop, a.device) for a in also],
-                 targets=[(target.uop.src[0], view) for target, view, _ in writes] + [None] * len(also))
-  for a, u in zip(also, outs[len(writes):]): a.uop = u
+    dest = buf
+    try:
+      earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
+      if earlier_readers: dest = buf.split_version()
+    finally:
+      node = UOp(Ops.BUFFER, dest.dtype, (), dest)
+      for t, v in views:
+        t.uop = UOp(Ops.VIEW, dest.dtype, (node,), v)
+        _register(t, dest, v)
+    nodes.append(node)
+  outs = realize([(u, t.device) for u, (t, _, _) in zip(value_uops, writes)] + [(a.uop, a.device) for a in also],
+                 targets=[(node, view) for node, (_, view, _) in zip(nodes, writes)] + [None] * len(also))
+  for a, u in zip(also, outs[len(writes):]):
+    a.uop = u
+    realized(a)

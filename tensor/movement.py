@@ -12,6 +12,7 @@ from rules.strided_view import View
 from rules.shapes import shape_of
 from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype
+from .assign import view_taken
 from .indexing import advanced, gather
 
 
@@ -31,6 +32,9 @@ class MovementMixin:
     contiguous layout of this tensor."""
     stacked = move(View.contiguous(self.shape))  # also checks the arguments against this tensor's shape
     if stacked.is_contiguous and stacked.shape == self.shape: return self
+    return view_taken(self._moved(move, stacked), self, move)   # (which memory it shares: tensor/assign.py)
+
+  def _moved(self, move, stacked: View):
     u = self.uop
     if u.op is Ops.VIEW and (merged := move(u.arg)) is not None:
       src = u.src[0]

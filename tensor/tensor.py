@@ -22,7 +22,7 @@ from .reduce import ReduceMixin
 from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
-from .assign import value_tensor, write
+from .assign import note, realized, is_view, setitem, assign
 from .autograd import AutogradMixin, grad_enabled
 
 
@@ -39,7 +39,8 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   float -> float32, bool -> bool); `requires_grad=True` makes it a target of `backward()` (tensor/autograd.py).
   bfloat16 (which numpy lacks) is made from float data with `dtype=dtypes.bfloat16` (rounded to nearest even) and
   `numpy()` gives its values as float32 (exactly); `Tensor.from_bf16_bits` / `bf16_bits()` move the raw uint16 bits."""
-  # _requires_grad and grad belong to the gradient API (tensor/autograd.py); tensors are weakly referenced by it
+  # _requires_grad and grad belong to the gradient API (tensor/autograd.py); weak references: the registry of views
+  # (assign.py) and of tensors that require gradients (autograd.py)
   __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
   __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
@@ -55,6 +56,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     if isinstance(data, Tensor):
       t = data.to(device) if dt is None else data.cast(dt).to(device)
       self.uop, self.shape, self.device = t.uop, t.shape, t.device
+      note(self)   # a view of t's memory, as torch.as_tensor(t)
       return
     if is_scalar(data) and not isinstance(data, np.generic):
       # a Python scalar is a constant of the graph, not data
@@ -65,12 +67,13 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     buf = _buffer(device, arr, dt)
     self.uop = UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), View.contiguous(arr.shape))
     self.shape, self.device = tuple(arr.shape), device
+    note(self)
 
   @classmethod
   def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
     t = object.__new__(cls)
     t.uop, t.shape, t.device, t._requires_grad, t.grad = uop, tuple(shape), device, False, None
-    return t
+    return note(t)   # the memory it views, if it is a view of memory (tensor/assign.py)
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
     """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
@@ -107,20 +110,17 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   # ---- in-place updates (tensor/assign.py): as if every operation ran eagerly, in program order ----
   def assign(self, value) -> Tensor:
     """Write `value` (a Tensor or numpy array of this shape and dtype, or a Python scalar) into this tensor's
-    memory; returns self. Lazy tensors built before read the old values, those built after the new ones."""
-    if hasattr(value, "shape") and not is_scalar(value) and tuple(value.shape) != self.shape:
-      raise ValueError(f"assign: a value of shape {tuple(value.shape)} cannot be assigned to a tensor of shape {self.shape}")
-    write(self, View.contiguous(self.shape), value_tensor(self, value, self.shape, "assign"))
+    memory; returns self. Views of it see the new values; other lazy tensors built before read the old ones."""
+    assign(self, value)
     return self
 
   def __setitem__(self, index, value):
     """`t[index] = value`: ints, slices (any step), None and ... select; value (a Tensor, numpy array or scalar of
-    this dtype) is broadcast to the selection and written into this tensor's memory."""
+    this dtype) is broadcast to the selection and written into this tensor's memory (and so into what it views)."""
     if any(hasattr(i, "uop") or isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,))):
       raise TypeError(f"t[...] = value: writing through an integer-array index (a scatter) is not supported; index with "
                       f"ints, slices, None and ...")
-    view = self.realize()._selected_view(index)
-    write(self, view, value_tensor(self, value, view.shape, f"t[{index!r}] = ..."))
+    setitem(self, index, value)
 
   def _selected_view(self, index) -> View:
     # (a method of its own: the selection's graph must be gone when the write looks for who holds the old memory)
@@ -173,11 +173,13 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
     """Realize several tensors in one go, so that work they share runs once."""
-    todo = [t for t in tensors if not t.is_realized]
-    if not todo: return
+    todo = [t for t in tensors if not t.is_realized and not is_view(t)]   # a view is realized memory already, or
+    if not todo: return                                                   # will be when its source is (assign.py)
     from runtime.realize import realize
     outs = realize([(t.uop, t.device) for t in todo])
-    for t, u in zip(todo, outs): t.uop = u
+    for t, u in zip(todo, outs):
+      t.uop = u
+      realized(t)
 
   def kernel_sources(self, device=None) -> list[str]:
     """The source of each kernel that realizing this tensor would compile, in call order (C for the CPU, CUDA for a
@@ -187,8 +189,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     return kernel_sources([(self.uop, self.device)], device)
 
   def numpy(self) -> np.ndarray:
-    self.realize()
-    buf, view = self.uop.src[0].arg, self.uop.arg
+    src = self.contiguous() if is_view(self) else self   # a view is read through a copy
+    src.realize()
+    buf, view = src.uop.src[0].arg, src.uop.arg
     if view.shape != self.shape:
       raise RuntimeError(f"realize returned a view of shape {view.shape} for a tensor of shape {self.shape}")
     out = buf.numpy()[:self.numel()].reshape(self.shape)
@@ -196,8 +199,8 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def bf16_bits(self) -> np.ndarray:
     """A bfloat16 tensor's values as their raw uint16 bits (numpy has no bfloat16)."""
     if self.dtype is not dtypes.bfloat16: raise TypeError(f"bf16_bits() of a {self.dtype.name} tensor; cast it to bfloat16 first")
-    self.realize()
-    return self.uop.src[0].arg.numpy()[:self.numel()].reshape(self.shape)
+    src = (self.contiguous() if is_view(self) else self).realize()
+    return src.uop.src[0].arg.numpy()[:self.numel()].reshape(self.shape)
   @classmethod
   def from_bf16_bits(cls, bits, device=None) -> Tensor:
     """A bfloat16 tensor holding the uint16 `bits` as they are (the inverse of `bf16_bits()`)."""

@@ -99,13 +99,16 @@ def test_a_lazy_tensor_built_before_reads_old_values_one_built_after_new_ones():
   np.testing.assert_array_equal(latest.numpy(), (b + 1) * 2)
 
 
-def test_the_value_written_keeps_its_own_old_value():
+def test_a_value_that_views_the_target_is_read_before_the_write_and_views_it_after():
   a = arr(5)
   t = Tensor(a.copy())
   rev = t[::-1]
   t.assign(rev)
   np.testing.assert_array_equal(t.numpy(), a[::-1])
-  np.testing.assert_array_equal(rev.numpy(), a[::-1])   # still the reverse of the values it was built from
+  np.testing.assert_array_equal(rev.numpy(), a)   # a view: the reverse of the new values, as in numpy
+  computed = t[::-1] * 1
+  t.assign(computed)
+  np.testing.assert_array_equal(computed.numpy(), a)   # a computed tensor keeps the values it was built from
 
 
 @pytest.mark.parametrize("update", [

@@ -31,6 +31,11 @@ def test_a_half_product_is_a_block_tile_of_mma_from_shared_memory():
   for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4", "__shared__",
                  "cp.async.cg.shared.global", "__syncthreads()"):
     assert needle in prelude, needle
+  # its tiles live in dynamic shared memory, whose size the kernel declares for the runtime to launch it with
+  from runtime.cuda import dynamic_shared_bytes
+  name = src.split(" void ")[1].split("(")[0]
+  assert dynamic_shared_bytes(src, name) == (64 + 64) * 32 * 2 * 3
+  assert dynamic_shared_bytes(cuda_text(a + 1), name) == 0
   # x @ W.T reads W's rows along k: plain ldmatrix; bfloat16 takes the bf16 mma
   assert ", true, 128, 128LL, 128LL>" in cuda_text(a @ Tensor(normal(256, 128)).T)
   ab, wb = (Tensor(normal(*s, dtype=np.float32), dtype="bfloat16") for s in ((256, 128), (128, 256)))
@@ -70,6 +75,15 @@ def test_what_does_not_fit_stays_on_the_other_gpu_plans(make):
 def test_graft_tc_0_turns_the_stage_off(monkeypatch):
   monkeypatch.setenv("GRAFT_TC", "0")
   assert "g_mma_tile" not in cuda_text(Tensor(normal(128, 64)) @ Tensor(normal(64, 192)))
+
+
+def test_graft_tc_tile_imposes_a_tile_and_refuses_one_that_cannot_be(monkeypatch):
+  monkeypatch.setenv("GRAFT_TC_TILE", "128,256,2,4,32,4")
+  src = cuda_text(Tensor(normal(256, 64)) @ Tensor(normal(64, 512)))
+  assert "g_mma_tile<half, 128, 256, 32, 2, 4, 4," in src and "__launch_bounds__(256) G_SHARED(98304)" in src
+  for bad in ("128,128,2,2,32", "128,128,3,2,32,3", "256,256,2,2,64,4", "a,b"):
+    monkeypatch.setenv("GRAFT_TC_TILE", bad)
+    with pytest.raises(ValueError, match="GRAFT_TC_TILE"): cuda_text(Tensor(normal(256, 64)) @ Tensor(normal(64, 512)))
 
 
 def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):

@@ -22,10 +22,11 @@ product tile:
   A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: i's and j's tile
   sizes and k's slice.
 
-A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off.
+A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
+GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it).
 """
 from __future__ import annotations
-import math
+import math, os
 from dataclasses import dataclass
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
 from rewrite.env import env_flag
@@ -33,11 +34,32 @@ from rules.symbolic import terms_of
 from .plan import Opt, OptKind, Plan, kernel_axes
 
 HALVES = (dtypes.float16, dtypes.bfloat16)
-BK, STAGES = 32, 3          # a slice of k staged at once; slices in flight (3 x (128 + 128) x 32 halves: 48 KiB of shared)
-# (BM, BN, WM, WN) from the largest: a block's tile and its warps; the first that divides the product and fills the
-# multiprocessors is taken (else the smallest that divides)
-TILES = ((128, 128, 2, 4), (64, 128, 2, 2), (64, 64, 2, 2))
+# (BM, BN, WM, WN, BK, STAGES) from the largest: a block's tile, its warps, the slice of k staged at once and the slices
+# in flight (3 x (128 + 128) x 32 halves: 48 KiB of shared memory); the first that divides the product and gives every
+# multiprocessor a block is taken (else the smallest that divides). 4 warps of 64x64 outputs each: 8 ldmatrix feed 32
+# mma per 16 of k (H100, fp16 8192^3: 388 TFLOP/s; 8 warps of 64x32 gave 327, tiles of 8 warps of 64x64 with 4 slices
+# 314-318, 4 slices of 128x128 371: docs/design.md "Tensor cores and TF32")
+TILES = ((128, 128, 2, 2, 32, 3), (64, 128, 2, 2, 32, 3), (64, 64, 2, 2, 32, 3))
 ALIGN = 8                   # elements of 16 bytes: cp.async copies 16-byte chunks
+MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
+
+
+def tiles() -> tuple[tuple[int, ...], ...]:
+  """TILES, or the one tile GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" names (for measuring other tiles)."""
+  text = os.environ.get("GRAFT_TC_TILE", "").strip()
+  if not text: return TILES
+  try: t = tuple(int(v) for v in text.split(","))
+  except ValueError: t = ()
+  ok = len(t) == 6 and all(v > 0 for v in t)
+  if ok:
+    bm, bn, wm, wn, bk, stages = t
+    threads = wm * wn * 32
+    ok = (bm % (wm * 16) == 0 and bn % (wn * 16) == 0 and bk % 16 == 0 and stages >= 2 and threads <= 1024
+          and (bm + bn) * bk * 2 * stages <= MAX_SHARED and (bm * bk // 8) % threads == 0 and (bn * bk // 8) % threads == 0)
+  if not ok:
+    raise ValueError(f"GRAFT_TC_TILE={text!r}: give BM,BN,WM,WN,BK,STAGES (warps of 16-row and 16-column multiples, "
+                     f"BK a multiple of 16, at most {MAX_SHARED} bytes of shared tiles, copies in whole turns), or unset it")
+  return (t,)
 
 
 @dataclass(frozen=True)
@@ -63,6 +85,8 @@ class TileSpec:
   def nt(self) -> int: return self.bn // self.wn // 8     # n8 fragments of a warp's tile
   @property
   def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
+  @property
+  def shared_bytes(self) -> int: return (self.bm + self.bn) * self.bk * 2 * self.stages
 
 
 @dataclass
@@ -127,12 +151,11 @@ def match_product(sink: UOp, multiprocessors: int) -> Product | None:
   strides = [lda, ldb, ia.get(None, 0), ib.get(None, 0)] + [c for f in (ia, ib) for r, c in f.items() if r in batch]
   if any(s % ALIGN for s in strides): return None
   size = lambda r: r.src[0].arg
-  if size(k) % BK: return None
   blocks = lambda t: math.prod(size(r) for r in batch) * (size(i) // t[0]) * (size(j) // t[1])
-  fits = [t for t in TILES if size(i) % t[0] == 0 and size(j) % t[1] == 0]
+  fits = [t for t in tiles() if size(i) % t[0] == 0 and size(j) % t[1] == 0 and size(k) % t[4] == 0]
   if not fits: return None
-  bm, bn, wm, wn = next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, BK, STAGES, b_along_k, size(k), lda, ldb)
+  bm, bn, wm, wn, bk, stages = next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, size(k), lda, ldb)
   return Product(st, red, a, b, i, j, k, batch, spec)
 
 

@@ -1,0 +1,677 @@
+"""Random small programs of the Tensor API, run by Graft and by numpy and compared: a differential fuzzer (issue 22).
+
+A program is a graph of `Node`s, each one Tensor-API call: `Node("pad", (((0, 1), (2, 0)), -1.5), (x,))` is
+`x.pad(((0, 1), (2, 0)), value=-1.5)`. Each op has a line of Tensor code (`code`, also what a reproduction prints) and
+the numpy function that computes the same thing. The generator picks ops whose numpy result is well defined and
+computes it as it goes, keeping for every node its shape, dtype and an interval that holds its values:
+
+- Exact nodes hold small integers (or halves) that every dtype on the way represents exactly, so any order of
+  arithmetic gives the same bits: they are compared with numpy for equality. Integer ops never overflow (the interval
+  says when one could, and the op is not picked), so C's undefined signed overflow never decides a result.
+- Inexact nodes (after exp, division, ...) are compared within a tolerance, and only continuous ops follow them: no
+  comparison, floor, cast to an integer or argmax of a value that may round differently, since one ulp there would
+  become a different answer, not a bug.
+
+`run_program` realizes the outputs of one program (one realize) and compares them; `shrink` reduces a failing program
+to a smallest one that still fails; `reproduction` prints it as a script. Used by tests/test_fuzz.py (fixed seeds)
+and bench/fuzz.py (long runs, a tally).
+"""
+from __future__ import annotations
+import math
+import random
+from dataclasses import dataclass, field
+import numpy as np
+
+FLOATS = ("float32", "float16", "float64")
+INTS = ("int8", "uint8", "int16", "int32", "int64")
+DTYPES = FLOATS + INTS + ("bool",)
+# exact integers: how far each dtype holds them all (a float's mantissa), and the range of the integer dtypes
+EXACT_LIMIT = {"float32": 2 ** 22, "float16": 2 ** 10, "float64": 2 ** 40, "bool": 1,
+               **{d: min(int(np.iinfo(d).max), 2 ** 40) for d in INTS}}
+EXACT_FLOOR = {d: (0 if d in ("uint8", "bool") else -EXACT_LIMIT[d] if d in FLOATS else max(int(np.iinfo(d).min), -2 ** 40)) for d in DTYPES}
+TOLERANCE = {"float16": 2e-2, "float32": 2e-4, "float64": 1e-9}
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+  op: str
+  args: tuple
+  srcs: tuple = ()
+  # what the generator knows of its values (not part of the program's meaning; shrink recomputes none of it)
+  shape: tuple = field(default=(), compare=False)
+  dtype: str = field(default="float32", compare=False)
+  exact: bool = field(default=True, compare=False)
+  lo: float = field(default=0.0, compare=False)
+  hi: float = field(default=0.0, compare=False)
+
+
+# ---- what each op means: Tensor code (a format of its sources' names and its args) and numpy ----
+
+def _np_input(shape, dtype, seed, exact):
+  rng = np.random.default_rng(seed)
+  if dtype == "bool": return rng.integers(0, 2, shape).astype(bool)
+  if exact: return rng.integers(0 if dtype == "uint8" else -5, 6, shape).astype(dtype)
+  return rng.standard_normal(shape).astype(dtype)
+
+
+def _input_code(args, names):
+  shape, dtype, seed, exact = args
+  if dtype == "bool": return f"Tensor(np.random.default_rng({seed}).integers(0, 2, {shape}).astype(bool))"
+  if exact: return f"Tensor(np.random.default_rng({seed}).integers({0 if dtype == 'uint8' else -5}, 6, {shape}).astype(np.{dtype}))"
+  return f"Tensor(np.random.default_rng({seed}).standard_normal({shape}).astype(np.{dtype}))"
+
+
+def _copy_code(name: str, dtype: str) -> str:
+  """A tensor of its own with the values of `name` (the target of a setitem or assign: its source stays unchanged)."""
+  return f"({name} | False)" if dtype == "bool" else f"({name} + 0)"
+
+
+def _np_written(a, index, value):
+  out = a.copy()
+  out[index] = value
+  return out
+
+
+def _np_inplace(a, index, value):
+  a[index if index is not None else ...] = value   # (numpy refuses a read-only view: a broadcast; the op is not drawn)
+  return a
+
+
+def _np_sigmoid(a): return (1 / (1 + np.exp(-a.astype(np.float64)))).astype(a.dtype)
+
+
+def _np_unary(fn):
+  # numpy computes float16 math in float16 steps; Graft computes it in float32 and rounds once, as torch does
+  return lambda a: fn(a.astype(np.float32)).astype(a.dtype) if a.dtype == np.float16 else fn(a)
+
+
+UNARY = {  # name: (Tensor code, numpy), for floats unless said
+  "neg": ("(-{0})", np.negative), "abs": ("{0}.abs()", np.abs), "exp": ("{0}.exp()", _np_unary(np.exp)),
+  "log": ("{0}.log()", _np_unary(np.log)), "sqrt": ("{0}.sqrt()", _np_unary(np.sqrt)),
+  "sin": ("{0}.sin()", _np_unary(np.sin)), "cos": ("{0}.cos()", _np_unary(np.cos)),
+  "sigmoid": ("{0}.sigmoid()", _np_sigmoid), "tanh": ("{0}.tanh()", _np_unary(np.tanh)),
+  "relu": ("{0}.relu()", lambda a: np.maximum(a, a.dtype.type(0))), "reciprocal": ("{0}.reciprocal()", _np_unary(np.reciprocal)),
+  "square": ("{0}.square()", np.square), "floor": ("{0}.floor()", np.floor), "ceil": ("{0}.ceil()", np.ceil),
+  "trunc": ("{0}.trunc()", np.trunc), "sign": ("{0}.sign()", np.sign), "exp2": ("{0}.exp2()", _np_unary(np.exp2)),
+  "log2": ("{0}.log2()", _np_unary(np.log2)), "isnan": ("{0}.isnan()", np.isnan),
+  "logical_not": ("{0}.logical_not()", np.logical_not), "invert": ("(~{0})", np.invert),
+}
+BINARY = {
+  "add": ("({0} + {1})", np.add), "sub": ("({0} - {1})", np.subtract), "mul": ("({0} * {1})", np.multiply),
+  "div": ("({0} / {1})", np.divide), "floordiv": ("({0} // {1})", np.floor_divide), "mod": ("({0} % {1})", np.mod),
+  "maximum": ("{0}.maximum({1})", np.maximum), "minimum": ("{0}.minimum({1})", np.minimum),
+  "lt": ("({0} < {1})", np.less), "le": ("({0} <= {1})", np.less_equal), "gt": ("({0} > {1})", np.greater),
+  "ge": ("({0} >= {1})", np.greater_equal), "eq": ("({0} == {1})", np.equal), "ne": ("({0} != {1})", np.not_equal),
+  "and": ("({0} & {1})", np.bitwise_and), "or": ("({0} | {1})", np.bitwise_or), "xor": ("({0} ^ {1})", np.bitwise_xor),
+}
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _np_reduce(fn):
+  def run(a, axis, keepdim):
+    return fn(a, axis=axis, keepdims=keepdim)
+  return run
+
+
+def _np_sum(a, axis, keepdim):
+  # Graft sums bools and small ints in int32 (torch's int64 would need int64 accumulators everywhere)
+  dt = a.dtype if a.dtype.kind == "f" or a.dtype == np.int64 else np.int32
+  return np.sum(a, axis=axis, keepdims=keepdim, dtype=dt)
+
+
+def _np_mean(a, axis, keepdim):
+  return np.mean(a, axis=axis, keepdims=keepdim, dtype=np.float32 if a.dtype == np.float16 else None).astype(a.dtype)
+
+
+def _np_arg(fn):
+  def run(a, axis, keepdim):
+    out = fn(a, axis=axis, keepdims=keepdim).astype(np.int32)
+    return out
+  return run
+
+
+REDUCE = {"sum": _np_sum, "max": _np_reduce(np.max), "min": _np_reduce(np.min), "mean": _np_mean,
+          "any": _np_reduce(np.any), "all": _np_reduce(np.all), "argmax": _np_arg(np.argmax), "argmin": _np_arg(np.argmin)}
+
+
+def _np_pad(a, pads, value): return np.pad(a, pads, constant_values=value)
+
+
+def _np_where(c, a, b): return np.where(c, a, b)
+
+
+def _np_matmul(a, b):
+  if a.dtype == np.float16: return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+  return np.matmul(a, b)
+
+
+# op -> (Tensor code: a format of (args, source names), numpy function of (args, *source values))
+OPS = {
+  "input": (_input_code, lambda args: _np_input(*args)),
+  "full": (lambda args, n: f"Tensor.full({args[0]}, {args[1]!r}, dtype='{args[2]}')", lambda args: np.full(args[0], args[1], args[2])),
+  "unary": (lambda args, n: UNARY[args[0]][0].format(*n), lambda args, a: UNARY[args[0]][1](a)),
+  "binary": (lambda args, n: BINARY[args[0]][0].format(*n), lambda args, a, b: _np_binary(args[0], a, b)),
+  "scalar": (lambda args, n: BINARY[args[0]][0].format(*((repr(args[1]), n[0]) if args[2] else (n[0], repr(args[1])))),
+             lambda args, a: _np_binary(args[0], *((_scalar_array(args[1], a), a) if args[2] else (a, _scalar_array(args[1], a))))),
+  "where": (lambda args, n: f"{n[0]}.where({n[1]}, {n[2]})", lambda args, c, a, b: _np_where(c, *_np_promoted(a, b))),
+  "cast": (lambda args, n: f"{n[0]}.cast('{args[0]}')", lambda args, a: a.astype(args[0])),
+  "reshape": (lambda args, n: f"{n[0]}.reshape({args[0]})", lambda args, a: a.reshape(args[0])),
+  "permute": (lambda args, n: f"{n[0]}.permute({args[0]})", lambda args, a: a.transpose(args[0])),
+  "expand": (lambda args, n: f"{n[0]}.expand({args[0]})", lambda args, a: np.broadcast_to(a, args[0])),
+  "pad": (lambda args, n: f"{n[0]}.pad({args[0]}, value={args[1]!r})", lambda args, a: _np_pad(a, *args)),
+  "shrink": (lambda args, n: f"{n[0]}.shrink({args[0]})", lambda args, a: a[tuple(slice(b, e) for b, e in args[0])]),
+  "flip": (lambda args, n: f"{n[0]}.flip({args[0]})", lambda args, a: np.flip(a, args[0])),
+  "getitem": (lambda args, n: f"{n[0]}[{_index_code(args[0])}]", lambda args, a: a[args[0]]),
+  "reduce": (lambda args, n: f"{n[0]}.{args[0]}(axis={args[1]}, keepdim={args[2]})", lambda args, a: REDUCE[args[0]](a, args[1], args[2])),
+  "matmul": (lambda args, n: f"({n[0]} @ {n[1]})", lambda args, a, b: _np_matmul(a, b)),
+  "cat": (lambda args, n: f"{n[0]}.cat({n[1]}, axis={args[0]})", lambda args, a, b: np.concatenate(_np_promoted(a, b), axis=args[0])),
+  # setitem: args (index, target dtype[, scalar value]); assign: args (target dtype,)
+  "setitem": (lambda args, n, out: [f"{out} = {_copy_code(n[0], args[1])}",
+                                     f"{out}[{_index_code(args[0])}] = {n[1] if len(n) > 1 else repr(args[2])}"],
+              lambda args, a, *v: _np_written(a, args[0], v[0] if v else args[2])),
+  "assign": (lambda args, n, out: [f"{out} = {_copy_code(n[0], args[0])}", f"{out}.assign({n[1]})"],
+             lambda args, a, v: np.broadcast_to(v, a.shape).copy()),
+}
+# inplace: args (index or None for assign, target dtype[, scalar value]); its value is the target itself, written
+OPS["inplace"] = (lambda args, n, out: [f"{n[0]}[{_index_code(args[0])}] = {n[1] if len(n) > 1 else repr(args[2])}"
+                                         if args[0] is not None else f"{n[0]}.assign({n[1]})", f"{out} = {n[0]}"],
+                  lambda args, a, *v: _np_inplace(a, args[0], v[0] if v else args[2]))
+STATEMENTS = ("setitem", "assign", "inplace")   # their code is lines that make the value `out`, not an expression
+
+
+def code_lines(n: Node, names: dict) -> list[str]:
+  """The Tensor code that computes node n into the variable names[n]."""
+  srcs = [names[s] for s in n.srcs]
+  if n.op in STATEMENTS: return OPS[n.op][0](n.args, srcs, names[n])
+  return [f"{names[n]} = {OPS[n.op][0](n.args, srcs)}"]
+
+
+def _index_code(index) -> str:
+  def one(i):
+    if isinstance(i, slice): return ":".join("" if x is None else str(x) for x in (i.start, i.stop, i.step))
+    return repr(i)
+  return (", ".join(one(i) for i in index) + ("," if len(index) == 1 and not isinstance(index[0], slice) else "")) if index else "..."
+
+
+def _graft_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
+  from tensor.promotion import promote
+  from rewrite import dtypes
+  return np.dtype(promote(dtypes.from_numpy(np.dtype(a)), dtypes.from_numpy(np.dtype(b))).np)
+
+
+def _np_promoted(a, b):
+  dt = _graft_dtype(a.dtype, b.dtype)
+  return a.astype(dt), b.astype(dt)
+
+
+def _scalar_array(v, like):
+  """A Python scalar as numpy sees it beside a tensor in Graft: weak, of the tensor's dtype when its kind fits."""
+  from tensor.promotion import with_scalar
+  from rewrite import dtypes
+  return np.asarray(v, dtype=with_scalar(dtypes.from_numpy(like.dtype), v).np)
+
+
+def _np_binary(op, a, b):
+  a, b = _np_promoted(a, b)
+  if op == "div" and a.dtype.kind != "f": a, b = a.astype(np.float32), b.astype(np.float32)
+  with np.errstate(all="ignore"):
+    if op in ("add", "mul") and a.dtype == bool: return (a | b) if op == "add" else (a & b)
+    if op in ("floordiv", "mod") and a.dtype.kind in "iu":   # numpy gives 0 for a zero divisor, as Graft does
+      return BINARY[op][1](a, np.where(b == 0, 1, b)) * (b != 0)
+    out = BINARY[op][1](a, b)
+  return out
+
+
+def op_name(n: Node) -> str:
+  """The op with its operation where it has one: "unary:exp", "reduce:sum", "pad"."""
+  return f"{n.op}:{n.args[0]}" if n.op in ("unary", "binary", "scalar", "reduce") else n.op
+
+
+# ---- evaluation ----
+
+def names_of(outputs) -> dict[Node, str]:
+  order: dict[Node, str] = {}
+  def visit(n):
+    if n in order: return
+    for s in n.srcs: visit(s)
+    order[n] = f"v{len(order)}"
+  for o in outputs: visit(o)
+  return order
+
+
+def numpy_values(outputs) -> dict[Node, np.ndarray]:
+  values: dict[Node, np.ndarray] = {}
+  with np.errstate(all="ignore"):
+    for n in names_of(outputs):
+      values[n] = np.asarray(OPS[n.op][1](n.args, *(values[s] for s in n.srcs)))
+  return values
+
+
+def tensor_values(outputs) -> dict[Node, object]:
+  """Build each node's tensor (lazily: nothing is realized here, but setitem and assign realize their target)."""
+  from tensor import Tensor
+  env = {"Tensor": Tensor, "np": np}
+  names = names_of(outputs)
+  for n in names: exec("\n".join(code_lines(n, names)), env)
+  return {n: env[name] for n, name in names.items()}
+
+
+def reproduction(outputs) -> str:
+  """The program as a script that prints Graft's answers (numpy's are in the report beside it)."""
+  names = names_of(outputs)
+  lines = ["import numpy as np", "from tensor import Tensor"] + [line for n in names for line in code_lines(n, names)]
+  return "\n".join(lines + [f"print({names[o]}.numpy())" for o in outputs])
+
+
+@dataclass
+class Outcome:
+  kind: str            # "ok", "mismatch" (Graft's numbers differ), "error" (Graft raised where numpy did not)
+  detail: str = ""
+
+
+def tolerance(node: Node) -> float | None:
+  """How far a node may be from numpy's value, relative to its largest: None (exactly) where every node it is computed
+  from is exact, else the tolerance of the least precise dtype that an inexact value passed through."""
+  inexact = [n.dtype for n in names_of([node]) if not n.exact and n.dtype in TOLERANCE]
+  return max(TOLERANCE[d] for d in inexact) if inexact and not node.exact else None
+
+
+def compare(got: np.ndarray, want: np.ndarray, node: Node) -> str | None:
+  """Why `got` is not numpy's `want` for this node, or None."""
+  if got.shape != want.shape: return f"shape {got.shape} != numpy's {want.shape}"
+  if got.dtype != want.dtype: return f"dtype {got.dtype} != numpy's {want.dtype}"
+  rtol = tolerance(node) if got.dtype.kind == "f" else None
+  if rtol is None: bad = ~((got == want) | (np.isnan(got) & np.isnan(want)) if got.dtype.kind == "f" else got == want)
+  else:
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    finite = np.abs(w[np.isfinite(w)])
+    atol = rtol * (1 + (finite.max() if finite.size else 0))
+    bad = ~np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+  if not bad.any(): return None
+  where = tuple(int(i) for i in np.argwhere(bad)[0])
+  return f"{int(bad.sum())} of {want.size} elements differ, e.g. at {where}: {got[where]!r} (numpy {want[where]!r})"
+
+
+def run_program(outputs) -> Outcome:
+  """Realize a program's outputs in one realize and compare each with numpy."""
+  from tensor import Tensor
+  want = numpy_values(outputs)
+  try:
+    values = tensor_values(outputs)
+    Tensor.realize_all(*(values[o] for o in outputs))
+    got = [values[o].numpy() for o in outputs]
+  except Exception as e:  # noqa: BLE001 -- any failure of Graft on a program numpy runs is a finding
+    return Outcome("error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+  for o, g in zip(outputs, got):
+    if (why := compare(g, want[o], o)) is not None: return Outcome("mismatch", why)
+  return Outcome("ok")
+
+
+# ---- shrinking ----
+
+def _rebuild(outputs, old: Node, new: Node):
+  memo: dict[Node, Node] = {}
+  def go(n):
+    if n is old: return new
+    if n not in memo:
+      srcs = tuple(go(s) for s in n.srcs)
+      memo[n] = n if all(a is b for a, b in zip(srcs, n.srcs)) else Node(n.op, n.args, srcs, n.shape, n.dtype, n.exact, n.lo, n.hi)
+    return memo[n]
+  return [go(o) for o in outputs]
+
+
+def _candidates(outputs):
+  nodes = list(names_of(outputs))
+  if len(outputs) > 1:
+    for o in outputs: yield [o]
+  for n in nodes:            # a part of the program alone
+    if all(n is not o for o in outputs): yield [n]
+  for n in nodes:            # a node bypassed: its source in its place
+    for s in n.srcs: yield _rebuild(outputs, n, s)
+
+
+def _valid(outputs) -> bool:
+  try:
+    numpy_values(outputs)
+    tensor_values(outputs)
+    return True
+  except Exception:  # noqa: BLE001 -- a candidate that numpy or the Tensor API refuses is not a program
+    return False
+
+
+def shrink(outputs, still_fails, budget: int = 200):
+  """A smaller program that still fails: greedily, the first candidate that still fails, until none does."""
+  tried = 0
+  improved = True
+  while improved and tried < budget:
+    improved = False
+    for cand in sorted(_candidates(outputs), key=lambda c: len(names_of(c))):
+      if len(names_of(cand)) >= len(names_of(outputs)) or not _valid(cand): continue
+      tried += 1
+      if still_fails(cand):
+        outputs, improved = cand, True
+        break
+      if tried >= budget: break
+  return outputs
+
+
+# ---- generation ----
+
+class Generator:
+  """Random programs from one seed. Each op is offered only where its result is well defined (see the module doc)."""
+
+  def __init__(self, seed: int, dtypes=DTYPES):
+    self.rng = random.Random(seed)
+    self.dtypes = dtypes
+    self.seed = seed
+
+  # -- leaves
+  def shape(self):
+    r = self.rng
+    return tuple(r.choice([1, 2, 3, 4, 5, 7, 8]) for _ in range(r.choice([0, 1, 1, 2, 2, 2, 3, 3, 4])))
+
+  def leaf(self, shape=None, dtype=None):
+    r = self.rng
+    shape = self.shape() if shape is None else shape
+    dtype = dtype or r.choice(self.dtypes + ("float32",) * 3 + ("int32",) if self.dtypes == DTYPES else self.dtypes)
+    if r.random() < 0.2:
+      v = r.choice([-3, -2, -1, -0.5, 0, 0.5, 1, 2, 3, -0.0]) if dtype in FLOATS else r.choice([0, 1, 2, 3] + ([] if dtype == "uint8" else [-1, -3]))
+      v = bool(v) if dtype == "bool" else v
+      return Node("full", (shape, v, dtype), (), shape, dtype, True, float(v), float(v))
+    exact = dtype not in FLOATS or r.random() < 0.6
+    lo, hi = (0, 1) if dtype == "bool" else (0 if dtype == "uint8" else -5, 5) if exact else (-6, 6)
+    return Node("input", (shape, dtype, r.randrange(1 << 20), exact), (), shape, dtype, exact, lo, hi)
+
+  def program(self, steps: int | None = None):
+    r = self.rng
+    pool = [self.leaf() for _ in range(r.choice([1, 2, 2, 3]))]
+    for _ in range(steps if steps is not None else r.randint(3, 10)):
+      for _attempt in range(20):
+        node = self.step(pool)
+        if node is not None:
+          pool.append(node)
+          break
+    outs = [pool[-1]] + ([r.choice(pool[:-1])] if len(pool) > 1 and r.random() < 0.3 else [])
+    return [o for i, o in enumerate(outs) if o not in outs[:i]]
+
+  def step(self, pool):
+    r = self.rng
+    # (setitem and assign realize as they go: two compiles each, so they are drawn less often)
+    kind = r.choice(["unary", "unary", "unary", "binary", "binary", "binary", "scalar", "scalar", "where", "where", "cast",
+                     "cast", "movement", "movement", "movement", "movement", "movement", "reduce", "reduce", "matmul",
+                     "cat", "setitem", "assign", "inplace", "inplace"])
+    x = pool[-1] if r.random() < 0.6 else r.choice(pool)   # mostly a chain: what is not an output's source is not run
+    try: return getattr(self, kind)(x, pool)
+    except _Skip: return None
+
+  def _node(self, op, args, srcs, exact, lo, hi, dtype=None):
+    """The node, with its shape and dtype from numpy (raising _Skip where numpy refuses or the values leave the
+    ranges that keep them exact and free of overflow)."""
+    node = Node(op, args, tuple(srcs))
+    try:
+      with np.errstate(all="ignore"): val = numpy_values([node])[node]
+    except Exception: raise _Skip() from None  # noqa: BLE001
+    dt = str(val.dtype)
+    if dt not in DTYPES: raise _Skip()
+    if val.size and dt != "bool":
+      if exact:
+        if not (EXACT_FLOOR[dt] <= lo and hi <= EXACT_LIMIT[dt]): raise _Skip()
+        if val.dtype.kind == "f" and not np.all(np.isfinite(val)): raise _Skip()
+      elif dt in INTS: raise _Skip()
+      elif abs(lo) > 1e4 or abs(hi) > 1e4: raise _Skip()   # keep inexact floats far from overflow
+    return Node(op, args, tuple(srcs), val.shape, dt, exact, lo, hi)
+
+  def unary(self, x, pool):
+    r = self.rng
+    if x.dtype == "bool": name = r.choice(["logical_not", "invert"])
+    elif x.dtype in INTS: name = r.choice(["neg", "abs", "invert", "square", "sign"] if x.dtype != "uint8" else ["invert", "square"])
+    else:
+      names = ["neg", "abs", "relu", "square", "sin", "cos", "sigmoid", "tanh", "exp", "exp2", "log", "log2", "sqrt", "reciprocal"]
+      if x.exact: names += ["floor", "ceil", "trunc", "sign", "isnan"]
+      name = r.choice(names)
+    m = max(abs(x.lo), abs(x.hi))
+    lo, hi, exact = {"neg": (-x.hi, -x.lo, x.exact), "abs": (0, m, x.exact), "relu": (max(x.lo, 0), max(x.hi, 0), x.exact),
+                     "square": (0, m * m, x.exact), "sign": (-1, 1, True), "floor": (x.lo, x.hi, True), "ceil": (x.lo, x.hi, True),
+                     "trunc": (x.lo, x.hi, True), "isnan": (0, 1, True), "logical_not": (0, 1, True),
+                     "sin": (-1, 1, False), "cos": (-1, 1, False), "sigmoid": (0, 1, False), "tanh": (-1, 1, False)
+                     }.get(name, (None, None, False))
+    if name == "invert":
+      if x.dtype == "bool": lo, hi, exact = 0, 1, True
+      else: lo, hi, exact = (-x.hi - 1, -x.lo - 1, True) if x.dtype != "uint8" else (255 - x.hi, 255 - x.lo, True)
+    if name in ("exp", "exp2"):
+      if x.hi > 20: raise _Skip()
+      lo, hi = 0, math.exp(x.hi) if name == "exp" else 2 ** x.hi
+    if name in ("log", "log2", "sqrt", "reciprocal"):
+      if not x.exact and x.lo <= 0.01:  # away from the pole and the domain's edge, where rounding would decide
+        x = self._node("scalar", ("add", 1, False), (self._node("unary", ("abs",), (x,), False, 0, m),), False, 1, m + 1)
+      lo, hi = (-200, math.log(max(x.hi, 1)) * 2 + 1) if name != "sqrt" else (0, math.sqrt(max(x.hi, 0)) + 1)
+      if name == "reciprocal":
+        if x.lo <= 0 <= x.hi and not x.exact: raise _Skip()
+        lo, hi = -1e3, 1e3
+      exact = False
+    if name in ("sin", "cos") and m > 1e3: raise _Skip()
+    return self._node("unary", (name,), (x,), exact and x.exact if name not in ("isnan", "sign", "logical_not") else exact, lo, hi)
+
+  def _partner(self, x, pool, dtype=None):
+    """Another operand that broadcasts with x: from the pool when one does, else a new leaf of a broadcastable shape."""
+    r = self.rng
+    ok = [p for p in pool if _broadcasts(p.shape, x.shape) and (dtype is None or p.dtype == dtype)]
+    if ok and r.random() < 0.7: return r.choice(ok)
+    shape = tuple(d if r.random() < 0.7 else 1 for d in x.shape)[r.randint(0, len(x.shape)):] if x.shape and r.random() < 0.5 else x.shape
+    return self.leaf(shape, dtype or (x.dtype if r.random() < 0.6 else r.choice(self.dtypes)))
+
+  def binary(self, x, pool):
+    r = self.rng
+    y = self._partner(x, pool)
+    if r.random() < 0.5: x, y = y, x
+    dt = str(_graft_dtype(np.dtype(x.dtype), np.dtype(y.dtype)))
+    op = r.choice(list(BINARY))
+    return self._binary_node(op, x, y, dt, (x,  y))
+
+  def _binary_node(self, op, x, y, dt, srcs, args_extra=()):
+    exact, kind = x.exact and y.exact, "scalar" if args_extra else "binary"
+    if op in COMPARISONS:
+      if not exact: raise _Skip()
+      return self._node(kind, (op, *args_extra), srcs, True, 0, 1)
+    if op in ("and", "or", "xor") and dt not in INTS + ("bool",): raise _Skip()
+    if dt == "bool" and op not in ("add", "mul", "and", "or", "xor", "maximum", "minimum"): raise _Skip()
+    if op in ("floordiv", "mod") and not exact: raise _Skip()
+    if op in ("floordiv", "mod") and dt in FLOATS and y.lo <= 0 <= y.hi: raise _Skip()   # x // 0.0: inf or nan
+    if op == "div" and y.lo <= 0 <= y.hi: raise _Skip()
+    bounds = [a * b for a in (x.lo, x.hi) for b in (y.lo, y.hi)]
+    lo, hi = {"add": (x.lo + y.lo, x.hi + y.hi), "sub": (x.lo - y.hi, x.hi - y.lo), "mul": (min(bounds), max(bounds)),
+              "maximum": (max(x.lo, y.lo), max(x.hi, y.hi)), "minimum": (min(x.lo, y.lo), min(x.hi, y.hi)),
+              "floordiv": (-max(abs(x.lo), abs(x.hi)), max(abs(x.lo), abs(x.hi))),
+              "mod": (-max(abs(y.lo), abs(y.hi)), max(abs(y.lo), abs(y.hi))),
+              "div": (-max(abs(x.lo), abs(x.hi)) / 0.5 - 1, max(abs(x.lo), abs(x.hi)) / 0.5 + 1)}.get(op, (-2 ** 31, 2 ** 31))
+    if op in ("and", "or", "xor"):
+      if dt == "bool": lo, hi = 0, 1
+      elif min(x.lo, y.lo) >= 0: lo, hi = 0, 2 ** math.ceil(math.log2(max(x.hi, y.hi) + 1))
+      else: lo, hi = -2 ** math.ceil(math.log2(max(abs(x.lo), abs(y.lo), x.hi, y.hi) + 1)), 2 ** math.ceil(math.log2(max(abs(x.lo), abs(y.lo), x.hi, y.hi) + 1))
+    if dt == "bool": lo, hi = 0, 1
+    if op == "div": exact = False
+    if op in ("div",) and abs(y.lo) < 0.5 and abs(y.hi) < 0.5: raise _Skip()
+    if op == "div": lo, hi = -1e4, 1e4
+    if dt == "uint8" and (lo < 0 or hi > 255): raise _Skip()
+    return self._node(kind, (op, *args_extra), srcs, exact or dt == "bool", lo, hi)
+
+  def scalar(self, x, pool):
+    r = self.rng
+    op = r.choice([o for o in BINARY if o not in ("and", "or", "xor")])
+    if x.dtype == "bool": raise _Skip()
+    v = r.choice([-3, -2, -1, 2, 3, 0.5, -0.5, -1.5, 2.5] if x.dtype in FLOATS else [-3, -2, -1, 1, 2, 3])
+    if x.dtype == "uint8" and v < 0: raise _Skip()
+    reverse = r.random() < 0.4 and op not in ("maximum", "minimum")   # (a method of the tensor)
+    c = Node("full", ((), v, x.dtype), (), (), x.dtype, True, v, v)
+    a, b = (c, x) if reverse else (x, c)
+    dt = x.dtype if x.dtype in FLOATS or isinstance(v, int) else "float32"
+    return self._binary_node(op, a, b, dt, (x,), (v, reverse))
+
+  def where(self, x, pool):
+    r = self.rng
+    conds = [p for p in pool if p.dtype == "bool" and _broadcasts(p.shape, x.shape)]
+    if not conds:
+      if not x.exact or x.dtype == "bool": raise _Skip()
+      cond = self._node("scalar", ("gt", 0, False), (x,), True, 0, 1)
+    else: cond = r.choice(conds)
+    a, b = self._partner(cond, pool), self._partner(cond, pool)
+    exact = a.exact and b.exact
+    return self._node("where", (), (cond, a, b), exact, min(a.lo, b.lo), max(a.hi, b.hi))
+
+  def cast(self, x, pool):
+    r = self.rng
+    dt = r.choice(self.dtypes)
+    if dt == x.dtype: raise _Skip()
+    if dt in INTS + ("bool",) and not x.exact: raise _Skip()
+    if dt in INTS and not (np.iinfo(dt).min <= x.lo and x.hi <= np.iinfo(dt).max): raise _Skip()
+    exact = x.exact and (dt not in FLOATS or max(abs(x.lo), abs(x.hi)) <= EXACT_LIMIT[dt])
+    lo, hi = (0, 1) if dt == "bool" else (x.lo, x.hi)
+    if dt == "float16" and max(abs(x.lo), abs(x.hi)) > 6e4: raise _Skip()
+    return self._node("cast", (dt,), (x,), exact, lo, hi)
+
+  def movement(self, x, pool):
+    r = self.rng
+    kind = r.choice(["reshape", "permute", "expand", "pad", "pad", "shrink", "flip", "flip", "getitem", "getitem"])
+    s = x.shape
+    if kind == "reshape":
+      n = math.prod(s)
+      shape = _factor(n, r)
+      return self._node("reshape", (shape,), (x,), x.exact, x.lo, x.hi)
+    if not s: raise _Skip()
+    if kind == "permute":
+      order = list(range(len(s))); r.shuffle(order)
+      return self._node("permute", (tuple(order),), (x,), x.exact, x.lo, x.hi)
+    if kind == "expand":
+      if 1 not in s: x = self._node("reshape", ((1,) + s,), (x,), x.exact, x.lo, x.hi); s = x.shape
+      shape = tuple(r.choice([2, 3, 4]) if d == 1 else d for d in s)
+      return self._node("expand", (shape,), (x,), x.exact, x.lo, x.hi)
+    if kind == "pad":
+      pads = tuple((r.choice([0, 0, 1, 2, 3]), r.choice([0, 0, 1, 2])) for _ in s)
+      if x.dtype == "bool": v = r.choice([False, True])
+      elif x.dtype in INTS: v = r.choice([0, 1, 2] + ([] if x.dtype == "uint8" else [-1, -7]))
+      else: v = r.choice([0.0, -0.0, 1.5, -2.0, -1.0, 3.0])
+      return self._node("pad", (pads, v), (x,), x.exact, min(x.lo, float(v)), max(x.hi, float(v)))
+    if kind == "shrink":
+      bounds = tuple(tuple(sorted((r.randint(0, d), r.randint(0, d)))) for d in s)
+      return self._node("shrink", (bounds,), (x,), x.exact, x.lo, x.hi)
+    if kind == "flip":
+      axes = tuple(sorted(r.sample(range(len(s)), r.randint(1, len(s)))))
+      return self._node("flip", (axes,), (x,), x.exact, x.lo, x.hi)
+    index = []
+    for d in s:
+      c = r.random()
+      if c < 0.2 and d: index.append(r.randrange(-d, d))
+      elif c < 0.3: index.append(None)
+      else:
+        step = r.choice([1, 1, 2, 3, -1, -2])
+        start, stop = r.choice([None, r.randint(-d, d)]), r.choice([None, r.randint(-d, d)])
+        index.append(slice(start, stop, None if step == 1 else step))
+    index = tuple(index[:r.randint(1, len(index))])
+    return self._node("getitem", (index,), (x,), x.exact, x.lo, x.hi)
+
+  def reduce(self, x, pool):
+    r = self.rng
+    if not x.shape or 0 in x.shape: raise _Skip()
+    op = r.choice(["sum", "sum", "max", "min", "mean", "argmax", "argmin"] if x.dtype != "bool" else ["any", "all", "sum"])
+    if op in ("argmax", "argmin") and not x.exact: raise _Skip()
+    if op == "mean" and x.dtype not in FLOATS: raise _Skip()
+    axis = r.choice([None, r.randrange(len(x.shape))] + ([tuple(sorted(r.sample(range(len(x.shape)), 2)))] if len(x.shape) > 1 and op not in ("argmax", "argmin") else []))
+    n = math.prod(x.shape) if axis is None else math.prod(x.shape[a] for a in ((axis,) if isinstance(axis, int) else axis))
+    keep = r.random() < 0.3
+    if op == "sum": lo, hi, exact = min(x.lo * n, x.lo), max(x.hi * n, x.hi), x.exact
+    elif op == "mean": lo, hi, exact = x.lo, x.hi, False
+    elif op in ("argmax", "argmin"): lo, hi, exact = 0, n, True
+    elif op in ("any", "all"): lo, hi, exact = 0, 1, True
+    else: lo, hi, exact = x.lo, x.hi, x.exact
+    if op == "sum" and x.dtype in ("int8", "int16", "uint8", "bool", "int32") and not (-2 ** 31 < lo and hi < 2 ** 31): raise _Skip()
+    return self._node("reduce", (op, axis, keep), (x,), exact, lo, hi)
+
+  def matmul(self, x, pool):
+    r = self.rng
+    if x.dtype not in FLOATS + ("int32", "int64") or not x.shape: raise _Skip()
+    k = x.shape[-1]
+    w = self.leaf(tuple(r.choice([1, 3, 4, 5]) for _ in range(r.choice([0, 0, 1]))) + (k, r.choice([1, 2, 3, 5, 8])) if r.random() < 0.8 else (k,), x.dtype)
+    m = max(abs(x.lo), abs(x.hi)) * max(abs(w.lo), abs(w.hi)) * k
+    a, b = (x, w)
+    return self._node("matmul", (), (a, b), x.exact and w.exact, -m, m)
+
+  def cat(self, x, pool):
+    r = self.rng
+    if not x.shape: raise _Skip()
+    ax = r.randrange(len(x.shape))
+    shape = tuple(r.choice([1, 2, 3]) if d == ax else s for d, s in enumerate(x.shape))
+    y = self.leaf(shape, x.dtype if r.random() < 0.7 else r.choice(self.dtypes))
+    return self._node("cat", (ax,), (x, y), x.exact and y.exact, min(x.lo, y.lo), max(x.hi, y.hi))
+
+  def setitem(self, x, pool):
+    r = self.rng
+    if not x.shape: raise _Skip()
+    index = self._index(x.shape)
+    with np.errstate(all="ignore"): sel = np.empty(x.shape)[index].shape
+    if r.random() < 0.4:
+      v = r.choice([0, 1, -1, 2]) if x.dtype in INTS else r.choice([False, True]) if x.dtype == "bool" else r.choice([-0.5, 2.0, -3.0])
+      if x.dtype == "uint8" and v < 0: raise _Skip()
+      return self._node("setitem", (index, x.dtype, v), (x,), x.exact, min(x.lo, float(v)), max(x.hi, float(v)))
+    shape = sel[r.randint(0, len(sel)):] if r.random() < 0.3 else sel
+    y = self.leaf(shape, x.dtype)
+    return self._node("setitem", (index, x.dtype), (x, y), x.exact and y.exact, min(x.lo, y.lo), max(x.hi, y.hi))
+
+  def assign(self, x, pool):
+    ok = [p for p in pool if p is not x and p.dtype == x.dtype and _broadcasts(p.shape, x.shape) and
+          p.shape == x.shape]  # (Graft refuses to broadcast an assign, with a clear error)
+    if not ok: raise _Skip()
+    y = self.rng.choice(ok)
+    return self._node("assign", (x.dtype,), (x, y), y.exact, y.lo, y.hi)
+
+
+  def inplace(self, x, pool):
+    """x itself written (t[index] = value or t.assign(value)): every view of it, in numpy and in Graft, sees it. The
+    values written lie within x's interval and are exact where x is, so what is known of x and its views stays true."""
+    r = self.rng
+    if not x.shape or 0 in x.shape: raise _Skip()
+    fits = lambda n: n.dtype == x.dtype and x.lo <= n.lo and n.hi <= x.hi and (n.exact or not x.exact)
+    if r.random() < 0.3:
+      ok = [p for p in pool if p is not x and p.shape == x.shape and fits(p)]
+      if not ok: raise _Skip()
+      return self._node("inplace", (None, x.dtype), (x, r.choice(ok)), x.exact, x.lo, x.hi)
+    index = self._index(x.shape)
+    with np.errstate(all="ignore"): sel = np.empty(x.shape)[index].shape
+    if r.random() < 0.5:
+      v = r.choice([x.lo, x.hi, math.floor((x.lo + x.hi) / 2)])
+      v = bool(v) if x.dtype == "bool" else int(v) if x.dtype in INTS else float(v)
+      return self._node("inplace", (index, x.dtype, v), (x,), x.exact, x.lo, x.hi)
+    ok = [p for p in pool if p is not x and fits(p) and _broadcasts(p.shape, sel) and np.broadcast_shapes(p.shape, sel) == sel]
+    if not ok: raise _Skip()
+    return self._node("inplace", (index, x.dtype), (x, r.choice(ok)), x.exact, x.lo, x.hi)
+
+  def _index(self, shape):
+    r = self.rng
+    index = []
+    for d in shape:
+      if r.random() < 0.25 and d: index.append(r.randrange(-d, d))
+      else:
+        step = r.choice([1, 1, 2, -1])
+        index.append(slice(r.choice([None, r.randint(0, d)]), r.choice([None, r.randint(-d, d)]), None if step == 1 else step))
+    return tuple(index[:r.randint(1, len(index))])
+
+
+class _Skip(Exception):
+  """This op does not apply here: the generator tries another."""
+
+
+def _broadcasts(a, b) -> bool:
+  try: np.broadcast_shapes(a, b); return True
+  except ValueError: return False
+
+
+def _factor(n: int, r: random.Random) -> tuple[int, ...]:
+  """A random shape of n elements."""
+  dims = []
+  while n > 1 and len(dims) < 3:
+    divs = [d for d in range(2, n + 1) if n % d == 0]
+    d = r.choice(divs)
+    dims.append(d); n //= d
+  if n > 1: dims.append(n)
+  dims += [1] * r.choice([0, 0, 1])
+  r.shuffle(dims)
+  return tuple(dims)
