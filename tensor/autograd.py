@@ -10,7 +10,7 @@ of its memory, `w.T` included, passes its gradient on to it), a lazy one through
 from __future__ import annotations
 import contextlib, threading, weakref
 from rewrite import UOp, Ops
-from rules.gradient import gradients
+from rules.gradient import gradients, reshape, shrink
 from rules.shapes import shape_of
 
 _requiring: weakref.WeakSet = weakref.WeakSet()   # every live tensor with requires_grad=True
@@ -106,9 +106,10 @@ class AutogradMixin:
 
 
 def _as_grad(t, g: UOp | None):
-  """The gradient graph of target t as a tensor of t's shape and dtype (a BUFFER's gradient is flat: reshaped)."""
+  """The gradient graph of target t as a tensor of t's shape and dtype (a BUFFER's gradient is flat: reshaped at the
+  graph's level, so the gradient is a tensor of its own, not a view of a temporary one)."""
   if g is None: return t.zeros_like()
-  out = t._from_uop(g, shape_of(g), t.device)
-  if out.shape != t.shape:   # a realized target's buffer, flat: its first numel elements are the tensor
-    out = out[:t.numel()].reshape(t.shape)
-  return out.cast(t.dtype)
+  if shape_of(g) != t.shape:   # a realized target's buffer, flat: its first numel elements are the tensor
+    if shape_of(g) != (t.numel(),): g = shrink(g, ((0, t.numel()),))
+    g = reshape(g, t.shape)
+  return t._from_uop(g, t.shape, t.device).cast(t.dtype)
