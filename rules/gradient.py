@@ -177,7 +177,7 @@ def _stored_view(u: UOp) -> UOp:
   return _stored(u)
 
 
-_holds: dict[UOp, bool] = {}
+_holds: dict[UOp, bool] = {}   # _holds_reduction's answers during one gradients() walk (cleared after: it holds graphs)
 
 
 def _holds_reduction(u: UOp) -> bool:
@@ -186,7 +186,6 @@ def _holds_reduction(u: UOp) -> bool:
   if u.op is Ops.REDUCE_AXIS: out = True
   elif u.op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.CONTIGUOUS, Ops.COPY, Ops.DEFINE_VAR): out = False
   else: out = any(_holds_reduction(s) for s in u.src)
-  if len(_holds) > 100_000: _holds.clear()
   _holds[u] = out
   return out
 
@@ -270,6 +269,7 @@ def gradients(root: UOp, root_grad: UOp, targets: list[UOp]) -> list[UOp | None]
     if n in wanted or (n.dtype.is_float and n.op is not Ops.DETACH and any(s in on_path for s in n.src)): on_path.add(n)
   grads: dict[UOp, UOp] = {root: root_grad} if root in on_path else {}
   with contextlib.ExitStack() as stack:
+    stack.callback(_holds.clear)
     rewrites = [stack.enter_context(rewrite_each(rules, name, len(order))) for name, rules in _stages()]
     for n in reversed(order):
       if (g := grads.get(n)) is None or not n.src or not any(s in on_path for s in n.src): continue
