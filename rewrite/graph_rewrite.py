@@ -15,7 +15,7 @@ from .ops import Ops
 from .uop import UOp, _with_src
 from .matcher import PatternMatcher, Rule
 from .upat import UPat
-from . import stats
+from . import stats, viz
 
 _gc_isenabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
 _gc_lock = threading.Lock()
@@ -58,6 +58,9 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
   # waits until the rewrite returns. Threads rewrite concurrently: the pause is counted (_pause_gc).
   _pause_gc()
   try:
+    if not stats.active and viz.recorder is None: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
+    if (recorder := viz.recorder) is not None and (rec := recorder.begin(stage, root, matcher, top_down)) is not None:
+      return _recorded(recorder, rec, root, matcher, ctx, top_down, stage)
     if not stats.active: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
     t0 = time.perf_counter()
     lvl = stats.level()
@@ -66,11 +69,31 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
     elapsed = time.perf_counter() - t0
   finally:
     _resume_gc()
+  _count(stage, root, out, rewrites, elapsed)
+  return out
+
+
+def _recorded(recorder: viz.Recorder, rec: viz.Rewrite, root: UOp, matcher: PatternMatcher, ctx, top_down: bool,
+              stage: str) -> UOp:
+  """graph_rewrite while rewrite.viz records (rec: the recorder's record of this call): the recorder's dispatch names each rule
+  that fires; the statistics, when on, count the stage as usual."""
+  t0, out, error = time.perf_counter(), None, None
+  try:
+    out, rewrites = _rewrite(root, matcher, rec.dispatch, ctx, top_down, stage)
+  except BaseException as e:
+    error = e
+    raise
+  finally:
+    recorder.end(rec, out, time.perf_counter() - t0, error)
+  if stats.active: _count(stage, root, out, rewrites, time.perf_counter() - t0)
+  return out
+
+
+def _count(stage: str, root: UOp, out: UOp, rewrites: int, elapsed: float) -> None:
   for c in stats.active:
     s = c.stage(stage)
     s.calls += 1; s.rewrites += rewrites; s.time += elapsed
     s.nodes_in += len(root.toposort); s.nodes_out += len(out.toposort)
-  return out
 
 
 # Bottom-up rewriting recurses (a Python call per node is cheaper than driving an explicit stack) until this many

@@ -3,7 +3,9 @@
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
 `CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
 holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
-work), and a reduction that feeds another reduction (it would be recomputed for every step of the outer one). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
+work), a reduction that feeds another reduction (it would be recomputed for every step of the outer one), and an
+operand of a product that elementwise ops compute and the product reads PROLOGUE_REUSE or more times over (a layer
+norm before a linear layer: computed once, not once per output column). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
@@ -18,7 +20,7 @@ kernels of one depth never need one another, so no merge makes a cycle. A kernel
 refused with its reason.
 """
 from __future__ import annotations
-import itertools, sys
+import itertools, math, sys
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite, substitute, splice_sinks
 from .strided_view import View
@@ -116,6 +118,25 @@ def _realize_reduction_inputs(ctx: RealizeContext, r: UOp, x: UOp) -> UOp | None
   return r.replace(src=(substitute(x, swap, opaque=is_realized),))
 
 
+PROLOGUE_REUSE = 8   # an operand of a product read this many times over (once per output column) is stored once
+
+
+def _realize_product_operands(ctx: RealizeContext, r: UOp, m: UOp) -> UOp | None:
+  # an operand that elementwise ops compute (a layer norm's (x - mean) * rstd * g + b before the qkv product) would be
+  # computed again for every output column, inside the product's innermost loop: computed once into a buffer instead,
+  # the product then reads buffers only (its register tile, or the library's gemm). A cast or a view of a buffer
+  # (a float16 operand widened) costs nothing to recompute and keeps the product's form.
+  if r.arg[0] is not Ops.ADD or not r.dtype.is_float: return None
+  swap = {}
+  for v in m.src:
+    if v.op is not Ops.VIEW or is_realized(x := v.src[0]) or x.op is Ops.CONST or ctx.holds_reduction(x): continue
+    reuse = math.prod(s for s, st in zip(v.arg.shape, v.arg.strides) if st == 0 and s > 1)
+    if reuse >= PROLOGUE_REUSE and any(n.op in GroupOp.ALU for n in _unrealized(x)):
+      swap[v] = v.replace(src=(decide(ctx, x, f"an operand of a product computed once, not once per each of {reuse} "
+                                              f"output columns"),))
+  return r.replace(src=(m.replace(src=tuple(swap.get(s, s) for s in m.src)),)) if swap else None
+
+
 def is_realized(u: UOp) -> bool: return u.op is Ops.BUFFER or u.op is Ops.CONTIGUOUS
 
 
@@ -147,6 +168,8 @@ realize_rules = PatternMatcher([
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
   # and so is a reduction that feeds another
   (UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(name="x"),)), _realize_reduction_inputs),
+  # an operand of a product that elementwise ops compute is computed once (not once per output column)
+  (UPat(Ops.REDUCE_AXIS, name="r", src=(UPat(Ops.MUL, name="m"),)), _realize_product_operands),
   # a copy between devices reads a buffer
   (UPat(Ops.COPY, name="c", src=(UPat(name="x"),)), _realize_copy_source),
 ], name="realize")

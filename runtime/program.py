@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 import numpy as np
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, viz
 from rules.host import Extern, nbytes
 from rules.realize import NewBuffer
 from .buffer import Buffer, human_bytes
@@ -227,7 +227,8 @@ def _launch(ck, handles: list, wait: bool = False) -> float | None:
 
 
 def _run_kernel(ck, handles: list, debug: int) -> None:
-  dt = _launch(ck, handles, wait=debug >= 2) or 0.0
+  dt = _launch(ck, handles, wait=debug >= 2 or viz.recorder is not None) or 0.0
+  if viz.recorder is not None: viz.kernel_time(ck.name, dt)   # for the viewer's page
   if debug >= 2:
     rate = f"{ck.flops / dt / 1e9:8.2f} GFLOP/s" if ck.flops > 4 * ck.bytes else f"{ck.bytes / dt / 1e9:8.2f} GB/s"
     print(f"  {ck.name:<40s} {dt * 1e3:9.3f} ms  {rate if dt > 0 else ''}  plan {ck.plan}")

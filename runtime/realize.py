@@ -16,7 +16,7 @@ DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per s
 from __future__ import annotations
 import contextlib, hashlib, threading, time
 from dataclasses import dataclass
-from rewrite import UOp, Ops, stats, substitute
+from rewrite import UOp, Ops, stats, substitute, viz
 from rewrite.env import env_number
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written
@@ -28,6 +28,7 @@ from .device import get_device, canonical_name, renderer_of
 from .program import Program
 from . import cache, extern, pick
 from .search import lower_planned
+from .progress import Progress
 
 
 def debug_level() -> int:
@@ -82,7 +83,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
-  with stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
+  with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
     body = renderer.render("KERNEL_NAME", linear)
   shape = norm.src[0].src[0].arg.shape
@@ -92,6 +93,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   flops, nbytes = kernel_cost(linear, buffers)
   ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, plan=str(run.opt.plan) if run.opt else "")
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  recorded.name = name
+  recorded.attrs.update(source=ck.source, plan=ck.plan, flops=flops, bytes=nbytes, device=device)
   if stats.active:
     for c in stats.active: c.add_kernel(name, mine.stages, ck.plan)
   return ck
@@ -156,7 +159,10 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
-    program = _build(_lower(uops, list(devices), targets), params)
+    with viz.scope("realize") as recorded:
+      program = _build(_lower(uops, list(devices), targets), params)
+    recorded.name = f"{len(program.kernels_called())} kernels, {len(program.steps)} steps"
+    recorded.attrs["program"] = str(program)
     with _lock:
       if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
       _plans[key] = program
@@ -171,6 +177,7 @@ class _Lowered:
   returned: list[UOp]
   outputs: list[tuple]
   explanations: list[str]
+  started: float = 0.0                        # when lowering began (time.perf_counter()): for the progress line
 
 
 def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to_run: bool = True) -> _Lowered:
@@ -201,11 +208,16 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   compiled: dict[UOp, CompiledKernel] = {}
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
-  for norm, buffers in (call for step in host.src for call in kernel_calls(step)):
+  calls = [call for step in host.src for call in kernel_calls(step)]
+  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, pipeline.version) not in _kernels})
+  progress, started = Progress("compiling"), time.perf_counter()
+  for norm, buffers in calls:
     key = (norm, norm.arg, pipeline.version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
+      progress.show(f"kernel {len(new) + 1} of {todo}")
       ck = _compile(norm, buffers, norm.arg)
+      progress.line(f"kernel {len(new) + 1} of {todo}: {ck.name}, plan {ck.plan}")
       # two kernels that differ only in what the code never sees (the size of a buffer read in part, say) render
       # to one text: one compiled function serves both
       name_key = (ck.name, norm.arg, pipeline.version)
@@ -216,7 +228,8 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     compiled[norm] = ck
   explanations = run.kernelize.explanations + (run.group.refused + run.group.merged if run.group else []) + \
     (run.fuse.inlined if run.fuse else [])
-  return _Lowered(host, compiled, new, returned, outputs, explanations)
+  progress.done()
+  return _Lowered(host, compiled, new, returned, outputs, explanations, started)
 
 
 def kernel_calls(step: UOp) -> list[tuple[UOp, list[UOp]]]:
@@ -240,10 +253,12 @@ def _build(low: _Lowered, params: list[UOp]) -> Program:
   pending: dict[str, list[CompiledKernel]] = {}
   for ck in dict.fromkeys(low.new.values()):
     if ck.program is None: pending.setdefault(ck.device, []).append(ck)
-  for device, cks in pending.items():
-    dev = get_device(device)
-    programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
-    for ck in cks: ck.program = programs[ck.name]
+  with Progress("compiling", since=low.started) as progress:
+    for device, cks in pending.items():
+      progress.line(f"building {len(cks)} kernels for {device} in one compiler call")
+      dev = get_device(device)
+      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
+      for ck in cks: ck.program = programs[ck.name]
   with _lock:
     if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
     _kernels.update(low.new)

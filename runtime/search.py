@@ -11,17 +11,19 @@
    origin "search";
 3. else the heuristic (rules/opt/heuristic.py) picks: origin "heuristic".
 A plan that fails to apply or to compile is skipped by the search; a cached plan that no longer fits is ignored.
+The search says how it goes on stderr (runtime/progress.py): a live line on a terminal, a line per round at DEBUG=1.
 """
 from __future__ import annotations
 import hashlib, json, time
 import numpy as np
-from rewrite import UOp, Ops
+from rewrite import UOp, Ops, viz
 from rewrite.env import env_number
 from rules.pipeline import lower_kernel, Run, pipeline
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
 from .buffer import Buffer, _np_dtype
 from .device import get_device, CompileError
 from . import cache
+from .progress import Progress
 
 VERSION = 1   # bump when a plan's meaning changes: cached plans of another version are not read
 
@@ -76,9 +78,10 @@ def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
     except Exception as e:
       if not isinstance(getattr(e, "__cause__", None), InvalidPlan) and not isinstance(e, InvalidPlan): raise
   run.opt = None
-  linear = lower_kernel(norm, run)
-  if (width := search_width()) == 0: return linear
-  best = search(norm, buffers, device, run.opt, width)
+  if (width := search_width()) == 0: return lower_kernel(norm, run)
+  with viz.paused():   # the heuristic's lowering and every candidate's: a viewer shows the winner's only
+    lower_kernel(norm, run)
+    best = search(norm, buffers, device, run.opt, width)
   save_plan(key, best.opts)
   run.opt = OptContext(choose=given(Plan(best.opts, "search")))
   return lower_kernel(norm, run)
@@ -135,7 +138,9 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
 def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, width: int) -> Plan:
   axes = sorted(heuristic.axis_of, key=heuristic.axis_of.get)
   sizes, kinds = [r.src[0].arg for r in axes], [r.arg[0] for r in axes]
-  budget = time.perf_counter() + env_number("GRAFT_SEARCH_SECONDS", 20.0, "the seconds a search may spend on a kernel", kind=float)
+  seconds = env_number("GRAFT_SEARCH_SECONDS", 20.0, "the seconds a search may spend on a kernel", kind=float)
+  start = time.perf_counter()
+  budget = start + seconds
   timed: dict[tuple, float] = {}
   def measure(p: Plan) -> float:
     if p.opts not in timed:
@@ -149,12 +154,21 @@ def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, wi
     return timed[p.opts]
   beam = [heuristic.plan]
   best = min(beam, key=measure)
-  while time.perf_counter() < budget:
-    candidates = [c for p in beam for c in neighbours(p, sizes, kinds) if c.opts not in timed]
-    for c in candidates:
-      if time.perf_counter() > budget: break
-      measure(c)
-    beam = [Plan(o, "search") for o in sorted(timed, key=timed.get)[:width]]
-    if timed[beam[0].opts] >= timed[best.opts]: break
-    best = beam[0]
+  with Progress(f"plan search {'x'.join(map(str, sizes))}") as progress:
+    def news(rounds: int) -> str:
+      return (f"round {rounds}, {len(timed)} plans timed, best {min(timed.values()) * 1e3:.3f} ms (heuristic "
+              f"{timed[heuristic.plan.opts] * 1e3:.3f} ms), {time.perf_counter() - start:.1f} of {seconds:g} s")
+    rounds = 0
+    while time.perf_counter() < budget:
+      rounds += 1
+      candidates = [c for p in beam for c in neighbours(p, sizes, kinds) if c.opts not in timed]
+      for c in candidates:
+        if time.perf_counter() > budget: break
+        measure(c)
+        progress.show(news(rounds))
+      beam = [Plan(o, "search") for o in sorted(timed, key=timed.get)[:width]]
+      improved = timed[beam[0].opts] < timed[best.opts]
+      if improved: best = beam[0]
+      progress.line(news(rounds) + ("" if improved else ": no better plan, done"))
+      if not improved: break
   return Plan(best.opts, "search")

@@ -110,6 +110,18 @@ def is_view(t) -> bool:
                                                                     and t.uop.arg.size == e.base.size))
 
 
+def to_realize(t):
+  """The tensor whose realize makes t memory: t itself (no view), the lazy tensor it views (which makes t a view of
+  that tensor's memory, `realized`), or None when t views memory already. A view of a lazy tensor that is gone is a
+  tensor of its own again."""
+  e = _entry(t)
+  if e is None: return t
+  if not isinstance(e.base, weakref.ref): return None if is_view(t) else t
+  if (root := e.base()) is not None: return root
+  _unregister(id(t))
+  return t
+
+
 def note(t):
   """Record that t views memory, if its graph is VIEW(BUFFER) without padding (the owner of a buffer, or a view of
   it); returns t. Called for every tensor that Tensor makes."""
@@ -178,15 +190,6 @@ def write(target, view: View, value) -> None:
   write_many([(target, view, value)])
 
 
-def _root(t):
-  """What realizing t realizes: the lazy tensor t is a view of while that one lives (t then views its memory), else t
-  itself, a tensor of its own."""
-  e = _entry(t)
-  if e is None or not isinstance(e.base, weakref.ref): return t
-  if (root := e.base()) is None: _unregister(id(t))
-  return t if root is None else root
-
-
 def write_many(writes: list, also=()) -> None:
   """Each (target, view, value) of `writes` (targets views of memory, values checked, no two targets one memory)
   written as by write(), all in ONE realize, which also realizes the tensors of `also` (an optimizer's step: every
@@ -199,7 +202,7 @@ def write_many(writes: list, also=()) -> None:
       raise ValueError(f"an in-place update of {view.shape} elements of which several are one element in memory (a "
                        f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
   if not writes: return
-  also = [r for r in dict.fromkeys(_root(a) for a in also) if not r.is_realized and not is_view(r)]
+  also = [r for r in dict.fromkeys(to_realize(a) for a in also if not a.is_realized) if r is not None and not r.is_realized]
   value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
   read: set = set()
   for u in value_uops + [a.uop for a in also]: read.update(u.toposort)
