@@ -53,7 +53,8 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
           ok = np.broadcast_to(v(u.src[1]), shape)
           val[u] = np.where(ok, buf[np.where(ok, idx, 0)], np.zeros((), buf.dtype))
       elif u.op is Ops.STORE:
-        (buf, idx), x = v(u.src[0]), np.broadcast_to(v(u.src[1]), shape).astype(buf.dtype)
+        buf, idx = v(u.src[0])   # (the stored value takes the target's dtype, not that of the last buffer loaded)
+        x = np.broadcast_to(v(u.src[1]), shape).astype(buf.dtype)
         gate = np.broadcast_to(v(u.src[2]), shape) if len(u.src) > 2 else np.ones(shape, bool)
         buf[idx[gate]] = x[gate]
       elif u.op is Ops.RANGE:

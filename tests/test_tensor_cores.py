@@ -1,6 +1,7 @@
 """Tensor cores (rules/opt/tensor_core.py): a 16-bit product summed in float32 becomes one block tile of mma.sync per
-block, its epilogue applied to each accumulator. Without a GPU: the plan, the CUDA text and nvcc for sm_90; on one
-(DEVICE=CUDA runs): the numbers against numpy in float32 with 16-bit tolerances."""
+block, its epilogue applied to each accumulator. Without a GPU: the plan, the CUDA text, nvcc for sm_90, and the
+graph around MMA run in the numpy model of a grid (tests/test_gpu_stages.py) with MMA modelled by mma.sync's documented
+accumulator layout; on a GPU (DEVICE=CUDA runs): the numbers against numpy with 16-bit tolerances."""
 import os
 import numpy as np
 import pytest
@@ -104,6 +105,61 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
   src.write_text(renderer.source(kernels))
   cuda._run_nvcc(nvcc, "sm_90", src, out)
   assert out.stat().st_size > 0
+
+
+# ---------------------------------------------------------------- the graph around MMA, in the numpy model of a grid
+
+def model_mma(spec: TileSpec):
+  """What `MMA(A, B, arg=spec)` gives each thread of each block, by mma.m16n8k16's documented accumulator layout:
+  accumulator e = (mt * NT + nt) * 4 + c of lane l in warp w is the block tile's output at row
+  (w // WN) * BM/WM + mt*16 + l//4 + 8*(c//2) and column (w % WN) * BN/WN + nt*8 + 2*(l%4) + c%2."""
+  e = np.arange(spec.regs)
+  mt, nt, c = e // (spec.nt * 4), e // 4 % spec.nt, e % 4
+  t = np.arange(spec.threads)[:, None]
+  warp, lane = t // 32, t % 32
+  rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
+  cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
+  r, kk, col = np.arange(spec.bm)[:, None], np.arange(spec.k), np.arange(spec.bn)
+  def mma(a, b):
+    (abuf, aidx), (bbuf, bidx) = a, b
+    out = []
+    for blk in range(aidx.shape[0]):   # one base per block: every thread of it passes the same
+      tile_a = abuf[aidx[blk, 0] + r * spec.lda + kk[None, :]].astype(np.float32)
+      tile_b = (bbuf[bidx[blk, 0] + col[None, :] * spec.ldb + kk[:, None]] if spec.b_along_k else
+                bbuf[bidx[blk, 0] + kk[:, None] * spec.ldb + col[None, :]]).astype(np.float32)
+      out.append((tile_a @ tile_b)[rows, cols])
+    return np.stack(out)   # (blocks, threads, regs)
+  return mma
+
+
+@pytest.mark.parametrize("make", [
+  lambda T: T(128, 64) @ T(64, 192),                         # 2 x 3 blocks of 64x64 (B along j: ldmatrix.trans)
+  lambda T: T(192, 96) @ T(128, 96).T,                       # B along k (x @ W.T)
+  lambda T: (T(128, 64) @ T(64, 128) + T(128)).gelu(),       # an epilogue reading the column's bias
+  lambda T: T(3, 64, 32) @ T(3, 32, 64) * 2 - T(3, 64, 1),   # a batch, and an epilogue reading the row's value
+  lambda T: T(1024, 32) @ T(32, 256),                        # (4 multiprocessors:) 128x128 tiles, in groups of 8 rows
+], ids=["nn", "nt", "bias-gelu", "batch-epilogue", "grouped-blocks"])
+def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch):
+  import test_gpu_stages as model   # the numpy model of a CUDA grid (tests/test_gpu_stages.py)
+  from rules.pipeline import lower_kernel
+  def inputs():   # the same inputs each time: one graph for the model grid, one for the CPU's answer
+    rng = np.random.default_rng(4)
+    return lambda *s: Tensor(rng.standard_normal(s).astype(np.float16), device="CPU")
+  out = make(inputs())
+  want = make(inputs()).numpy().astype(np.float32)   # the CPU's generated code: float32 sums, as the tensor cores do
+  specs = []
+  real_lower = lower_kernel
+  def lower_and_model(kernel, run):
+    linear = real_lower(kernel, run)
+    for u in linear.src:
+      if u.op is Ops.MMA: specs.append(u.arg); monkeypatch.setitem(model.ALU, Ops.MMA, model_mma(u.arg))
+    return linear
+  monkeypatch.setattr(model, "lower_kernel", lower_and_model)
+  monkeypatch.setitem(model.ALU, Ops.GEP, lambda vec, e: vec[..., int(e)])
+  (got,) = model.run_on_model_gpu(out, multiprocessors=4 if out.shape == (1024, 256) else 16)
+  assert specs, "no kernel ran on tensor cores"
+  if out.shape == (1024, 256): assert (specs[0].bm, specs[0].bn) == (128, 128)
+  assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
 # ---------------------------------------------------------------- TF32: only when asked
