@@ -110,6 +110,18 @@ def is_view(t) -> bool:
                                                                     and t.uop.arg.size == e.base.size))
 
 
+def to_realize(t):
+  """The tensor whose realize makes t memory: t itself (no view), the lazy tensor it views (which makes t a view of
+  that tensor's memory, `realized`), or None when t views memory already. A view of a lazy tensor that is gone is a
+  tensor of its own again."""
+  e = _entry(t)
+  if e is None: return t
+  if not isinstance(e.base, weakref.ref): return None if is_view(t) else t
+  if (root := e.base()) is not None: return root
+  _unregister(id(t))
+  return t
+
+
 def note(t):
   """Record that t views memory, if its graph is VIEW(BUFFER) without padding (the owner of a buffer, or a view of
   it); returns t. Called for every tensor that Tensor makes."""

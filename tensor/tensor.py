@@ -22,7 +22,7 @@ from .reduce import ReduceMixin
 from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
-from .assign import note, realized, is_view, setitem, assign
+from .assign import note, realized, is_view, setitem, assign, to_realize
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -161,8 +161,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
   @staticmethod
   def realize_all(*tensors: Tensor) -> None:
     """Realize several tensors in one go, so that work they share runs once."""
-    todo = [t for t in tensors if not t.is_realized and not is_view(t)]   # a view is realized memory already, or
-    if not todo: return                                                   # will be when its source is (assign.py)
+    # a view of a lazy tensor is memory once that tensor is (assign.py): realizing that one computes both
+    todo = list(dict.fromkeys(r for t in tensors if not t.is_realized and (r := to_realize(t)) is not None and not r.is_realized))
+    if not todo: return
     from runtime.realize import realize
     outs = realize([(t.uop, t.device) for t in todo])
     for t, u in zip(todo, outs):

@@ -117,3 +117,15 @@ def test_a_reshape_round_trip_of_a_lazy_tensor_is_still_a_view():
   ra, rt = a.reshape(2, 3).reshape(6), t.reshape(2, 3).reshape(6)
   t[0] = -1; a[0] = -1
   same(rt, ra)
+
+
+def test_realize_of_a_view_of_a_lazy_tensor_computes_that_tensor():
+  """A product's result is a view (a reshape) of its lazy reduction: realize() computes the reduction, and the view
+  then reads its memory (a benchmark timing `(a @ b).realize()` times the product, not nothing)."""
+  a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones((4, 2), np.float32)
+  y = (Tensor(a) @ Tensor(b)).realize()
+  assert y.is_realized
+  s = (Tensor(a) * 2)[1:]
+  s.realize()
+  assert s.uop.src[0].op.name == "BUFFER"
+  same(y, a @ b); same(s, (a * 2)[1:])
