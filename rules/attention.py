@@ -280,14 +280,15 @@ def lane_loops(sink: UOp) -> list[UOp]:
                             and any(c in carried for c in n.src[0].toposort) for r in n.src[1:]))
 
 
-def attention_grid_plan(sink: UOp, loops: list[UOp]):
-  """A block row per query row whose chunks of keys are its lanes, combined at the end (None for any other kernel, and
-  for one chunk a row, which the default plan maps to one thread a row)."""
-  from .gpu import GridPlan, GridOpt, GridKind, ROW_GROUP_THREADS
+def attention_grid_plan(sink: UOp, loops: list[UOp]) -> Plan | None:
+  """A GPU plan: the query rows on the grid, a row's chunks of keys its lanes (a reduction spread over them, combined at
+  the end), several rows a block (None for any other kernel, and for one chunk a row, which the default plan maps to
+  one thread a row)."""
+  from .gpu import ROW_GROUP_THREADS
   if not carried_reductions(sink) or len(lanes := lane_loops(sink)) != 1: return None
   axis, n = {r: i for i, r in enumerate(loops)}, lanes[0].src[0].arg
-  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in loops if r.arg[0] == "out"), GridOpt(GridKind.THREAD, axis[lanes[0]], n),
-                   *((GridOpt(GridKind.ROWS, -1, ROW_GROUP_THREADS // n),) if n < ROW_GROUP_THREADS else ())), "attention")
+  return Plan((*(Opt(OptKind.GLOBAL, axis[r]) for r in loops if r.arg[0] == "out"), Opt(OptKind.GROUP, axis[lanes[0]], n),
+               *((Opt(OptKind.LOCAL, -1, ROW_GROUP_THREADS // n),) if n < ROW_GROUP_THREADS else ())), "attention")
 
 
 # ---- vector lanes of a carried accumulator (CPU: the head loop's lanes; in front of rules/opt/vector.py's) ----
