@@ -249,7 +249,7 @@ FRAMEWORKS: dict[str, Callable] = {
 
 def to_numpy(out) -> np.ndarray:
   if isinstance(out, np.ndarray): return out
-  if hasattr(out, "detach"): return out.detach().float().cpu().numpy()  # torch
+  if hasattr(out, "cpu"): return out.detach().float().cpu().numpy()  # torch (Graft tensors have detach() too)
   return out.numpy()                                                    # Graft
 
 

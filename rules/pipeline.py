@@ -4,7 +4,8 @@ Each stage is a named rule set applied with graph_rewrite under its name (so REW
 a context made per application (`make_ctx`) and, where a stage has one, a `prepare(ctx, root)` called before its rules:
 it fills the context with an index the rules look things up in, or a policy's choice (a kernel's plan); it never
 rewrites.
-Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
+Stages of scope "graph" rewrite the whole tensor graph; "gradient" is asked node by node by the reverse walk of
+rules/gradient.py (backward); "schedule" rewrites the SINK of kernels; "kernel" rewrites
 one kernel at a time; "host" rewrites the host program (rules/host.py: steps, then memory). A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
 `pipeline.replace` (see docs/rules.md).
 """
@@ -27,13 +28,14 @@ from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_ru
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
+from .gradient import gradient_rules
 
 
 @dataclass
 class Stage:
   name: str
   rules: PatternMatcher
-  scope: str                                    # "graph", "schedule" or "kernel"
+  scope: str                                    # "graph", "schedule", "kernel", "host" or "gradient"
   make_ctx: Callable[[Any], Any] | None = None  # run -> ctx for one application
   top_down: bool = False
   origin: str = "graft"                         # where the rule set comes from (a user's module, say)
@@ -169,6 +171,9 @@ pipeline = Pipeline([
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),
   Stage("memory", memory_rules, "host", _host_ctx, prepare=index_lifetimes),
+  # not a pass over a graph: the reverse walk of rules/gradient.py asks the stages of this scope, in order, for the
+  # gradient of each node's sources (a user's rule set inserted before it answers first)
+  Stage("gradient", gradient_rules, "gradient"),
 ])
 
 
