@@ -16,6 +16,19 @@ from tensor import Tensor, dtypes, jit
 from timing import first_and_warm, report
 
 
+def numpy_weights(layers: int, width: int, seed: int = 0) -> tuple[list[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+  """The model's float32 weights as numpy arrays (per block, and the final norm's): products' weights normal * 0.02,
+  layer norm gains 1, biases 0. Any framework can load them (bench/models.py gives torch the same ones)."""
+  rng = np.random.default_rng(seed)
+  def normal(*shape) -> np.ndarray: return rng.standard_normal(shape, np.float32) * np.float32(0.02)
+  ones, zeros = (lambda n: np.ones(n, np.float32)), (lambda n: np.zeros(n, np.float32))
+  blocks = [dict(ln1_g=ones(width), ln1_b=zeros(width), qkv_w=normal(width, 3 * width), qkv_b=zeros(3 * width),
+                 proj_w=normal(width, width), proj_b=zeros(width), ln2_g=ones(width), ln2_b=zeros(width),
+                 fc_w=normal(width, 4 * width), fc_b=zeros(4 * width), out_w=normal(4 * width, width), out_b=zeros(width))
+            for _ in range(layers)]
+  return blocks, dict(lnf_g=ones(width), lnf_b=zeros(width))
+
+
 class GPT:
   """`layers` blocks of width `width` with `heads` attention heads; weights fp32 normal * 0.02 (layer norm gain 1,
   bias 0), cast to `dtype` (float32 or float16). Linear weights are stored (in, out): x @ w."""
@@ -23,24 +36,17 @@ class GPT:
   def __init__(self, layers: int = 12, width: int = 768, heads: int = 12, dtype=dtypes.float32, seed: int = 0):
     assert width % heads == 0, "the width must split evenly into heads"
     self.width, self.heads, self.dtype = width, heads, dtype
-    rng = np.random.default_rng(seed)
-    def param(*shape, value=None) -> Tensor:
-      data = np.full(shape, value, np.float32) if value is not None else (rng.standard_normal(shape, np.float32) * 0.02)
-      return Tensor(data).cast(dtype).realize()
-    self.blocks = [dict(ln1_g=param(width, value=1.0), ln1_b=param(width, value=0.0),
-                        qkv_w=param(width, 3 * width), qkv_b=param(3 * width, value=0.0),
-                        proj_w=param(width, width), proj_b=param(width, value=0.0),
-                        ln2_g=param(width, value=1.0), ln2_b=param(width, value=0.0),
-                        fc_w=param(width, 4 * width), fc_b=param(4 * width, value=0.0),
-                        out_w=param(4 * width, width), out_b=param(width, value=0.0)) for _ in range(layers)]
-    self.lnf_g, self.lnf_b = param(width, value=1.0), param(width, value=0.0)
+    blocks, final = numpy_weights(layers, width, seed)
+    def param(a: np.ndarray) -> Tensor: return Tensor(a).cast(dtype).realize()
+    self.blocks = [{name: param(a) for name, a in b.items()} for b in blocks]
+    self.lnf_g, self.lnf_b = param(final["lnf_g"]), param(final["lnf_b"])
 
   def attention(self, x: Tensor, b: dict) -> Tensor:
     tokens, width, heads = x.shape[0], self.width, self.heads
     q, k, v = (x @ b["qkv_w"] + b["qkv_b"]).reshape(tokens, 3, heads, width // heads).permute(1, 2, 0, 3)
     scores = q @ k.transpose(-1, -2) * (1 / math.sqrt(width // heads))      # (heads, tokens, tokens)
-    later = Tensor.arange(tokens).reshape(1, tokens) > Tensor.arange(tokens).reshape(tokens, 1)
-    scores = later.where(-math.inf, scores)                                   # causal: no position sees a later one
+    later = Tensor.full((tokens, tokens), True, device=x.device).triu(1)     # causal: no position sees a later one
+    scores = scores.masked_fill(later, -math.inf)
     out = scores.softmax(-1) @ v                                              # (heads, tokens, head size)
     return out.permute(1, 0, 2).reshape(tokens, width) @ b["proj_w"] + b["proj_b"]
 
@@ -60,12 +66,20 @@ class GPT:
 
 
 def forward_numpy(model: GPT, x: np.ndarray) -> np.ndarray:
-  """The same forward in float64 numpy, to check against."""
-  w = lambda t: t.cast(dtypes.float32).numpy().astype(np.float64)
+  """The same forward in float64 numpy on the model's weights, to check against."""
+  def w(t: Tensor) -> np.ndarray: return t.cast(dtypes.float32).numpy()
+  blocks = [{name: w(t) for name, t in b.items()} for b in model.blocks]
+  return forward_numpy_weights((blocks, {"lnf_g": w(model.lnf_g), "lnf_b": w(model.lnf_b)}), model.heads, x)
+
+
+def forward_numpy_weights(weights, heads: int, x: np.ndarray) -> np.ndarray:
+  """The forward in float64 numpy on `numpy_weights`-shaped weights."""
+  blocks, final = weights
+  w = lambda a: a.astype(np.float64)
   def norm(x, g, b): return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w(g) + w(b)
-  tokens, width, heads = x.shape[0], model.width, model.heads
+  tokens, width = x.shape
   x = x.astype(np.float64)
-  for b in model.blocks:
+  for b in blocks:
     h = norm(x, b["ln1_g"], b["ln1_b"]) @ w(b["qkv_w"]) + w(b["qkv_b"])
     q, k, v = h.reshape(tokens, 3, heads, width // heads).transpose(1, 2, 0, 3)
     s = q @ k.transpose(0, 2, 1) / math.sqrt(width // heads)
@@ -75,7 +89,7 @@ def forward_numpy(model: GPT, x: np.ndarray) -> np.ndarray:
     h = norm(x, b["ln2_g"], b["ln2_b"]) @ w(b["fc_w"]) + w(b["fc_b"])
     h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
     x = x + h @ w(b["out_w"]) + w(b["out_b"])
-  return norm(x, model.lnf_g, model.lnf_b)
+  return norm(x, final["lnf_g"], final["lnf_b"])
 
 
 def main():

@@ -1,5 +1,9 @@
 """Realization: which tensor-level nodes become buffers, and the kernels that fill them.
 
+Stage `share` (rule set `share_rules`, ctx: `ShareContext`, its index made by `ShareContext.index_readers` before the
+rule runs) stores once a computed value that kernels of several depths read and would each recompute from two or
+more stored values: the residual stream of a stack of layers (`store_shared_values`).
+
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
 `CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
 holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
@@ -159,6 +163,8 @@ def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
 realize_rules = PatternMatcher([
   # the outputs are buffers (SINK.arg holds each output's device)
   (UPat(Ops.SINK, name="sink"), _realize_output),
+  # a detached value is its source's value: the mark only stops gradients (rules/gradient.py)
+  (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x, "detached_is_its_source"),
   # contiguous() of what already is a whole buffer in order is that buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),

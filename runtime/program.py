@@ -130,9 +130,11 @@ class Program:
         raise ValueError(f"parameter {i} of this program is a {dtype.name}[{size}] buffer on {device}, "
                          f"not {b.dtype.name}[{b.size}] on {b.device}")
 
-  def run(self, inputs: list, debug: int = 0) -> list[UOp]:
+  def run(self, inputs: list, debug: int = 0, step_seconds: list[float] | None = None) -> list[UOp]:
     """Run every step on `inputs` (a Buffer per parameter, in order: their kinds are the caller's to match, as
-    `check_inputs` does); the realized `VIEW(BUFFER)` of each output."""
+    `check_inputs` does); the realized `VIEW(BUFFER)` of each output. With a `step_seconds` list, each step is waited
+    for on its devices and its seconds appended: their sum is the device's share of a run (benchmarks tell host time
+    from kernel time by it)."""
     buffers: list = [None] * len(self.table)
     handles: list = [None] * len(self.table)
     for i, e in enumerate(self.table):
@@ -140,7 +142,16 @@ class Program:
       elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
     storage: list = [None] * len(self.storages)
     try:
-      for step in self.steps: self._step(step, handles, storage, debug)
+      if step_seconds is None:
+        for step in self.steps: self._step(step, handles, storage, debug)
+      else:
+        devices = [get_device(d) for d in sorted(self.devices)]
+        for step in self.steps:
+          for d in devices: d.synchronize()
+          t0 = time.perf_counter()
+          self._step(step, handles, storage, debug)
+          for d in devices: d.synchronize()
+          step_seconds.append(time.perf_counter() - t0)
     finally:
       for s, h in enumerate(storage):  # after a failure, what is still held goes back too
         if h is not None: get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])

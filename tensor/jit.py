@@ -16,9 +16,11 @@ What may not change between calls (the captured program is the graph of call 2, 
   - Tensors the function reads that are not its arguments (weights) are bound to the memory they had at call 2. To
     change one between calls, pass it as an argument, or call `.reset()` after the change (the next two calls
     capture again).
-  - Control flow that depends on tensor values (`if x.sum().item() > 0`) is that of call 2.
+  - The function must only build its result: work it runs itself (an assign, `t[...] = v`, `.numpy()`, `.item()`,
+    `.realize()`) would be skipped by a replay, so capturing such a function is a JitError.
   - The result is a Tensor, or a tuple or list of Tensors; each replay returns new tensors (new memory).
-Tensor arguments that are lazy are realized first; an argument that is not a Tensor, a Python scalar, string,
+A jit function is called from one thread at a time (its table of captures is its own). Tensor arguments that are lazy
+are realized first; an argument that is not a Tensor, a Python scalar, string,
 None or a tuple of those is an error (it could not be compared between calls).
 """
 from __future__ import annotations
@@ -80,7 +82,14 @@ class Jit:
                        f"fewer kinds of arguments, or call .reset()")
       self.seen[sig] = 1
       return self.fn(*args, **kwargs)   # call 1: as usual
-    return self._capture(sig, self.fn(*args, **kwargs), buffers)
+    from runtime.realize import realize_count
+    before = realize_count()
+    result = self.fn(*args, **kwargs)
+    if realize_count() != before:
+      raise JitError(f"jit {self.__name__}: the function ran work of its own while it was captured (an assign, "
+                     f"t[...] = v, .numpy(), .item() or .realize() inside it): a replay runs only the graph of its "
+                     f"result and would skip that work; return what it computes instead")
+    return self._capture(sig, result, buffers)
 
   def _capture(self, sig: tuple, result, buffers: list) -> Any:
     from .tensor import Tensor

@@ -22,3 +22,20 @@ def test_gpu_reduce_bench_runs_its_table_on_the_cpu():
   lines = out.stdout.splitlines()
   assert lines[1].startswith("| input") and "one kernel" in lines[1] and "split" in lines[1]
   assert len([l for l in lines if l.startswith("| ") and "x" in l.split("|")[1]]) == 3
+
+
+def test_models_bench_runs_graft_and_its_jit_on_a_tiny_gpt():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "models.py"), "--layers", "1", "--tokens", "8",
+                        "--width", "32", "--heads", "2", "--only", "graft-plain,graft-jit"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr
+  rows = {l.split()[1]: l for l in out.stdout.splitlines() if l.strip().startswith("graft")}
+  assert set(rows) == {"plain", "jit"} and "failed" not in out.stdout, out.stdout
+  assert "new/same input" in rows["plain"] and "host" in rows["jit"]
+
+
+def test_warm_calls_bench_reports_the_ratio_and_the_growth():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "warm_calls.py"), "--calls", "1200", "--timed", "5",
+                        "--size", "8"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr
+  assert "new input" in out.stdout and "resident growth after the first 1,000" in out.stdout

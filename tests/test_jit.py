@@ -88,6 +88,13 @@ def test_errors_name_the_problem(monkeypatch):
   g = jit(lambda x: 3)
   g(Tensor(np.ones(3, np.float32)))
   with pytest.raises(JitError, match="must return a Tensor or a tuple or list of Tensors, not int"): g(Tensor(np.ones(3, np.float32)))
+  state = Tensor(np.zeros(3, np.float32))
+  def step(x):
+    state.assign(state + x)   # runs at once: a replay would skip it
+    return state * 2
+  k = jit(step)
+  k(Tensor(np.ones(3, np.float32)))
+  with pytest.raises(JitError, match="ran work of its own while it was captured"): k(Tensor(np.ones(3, np.float32)))
   monkeypatch.setattr(jit_module, "MAX_CAPTURES", 2)
   h = jit(lambda x: x + 1)
   h(Tensor(np.ones(1, np.float32))); h(Tensor(np.ones(2, np.float32)))
