@@ -17,7 +17,9 @@ from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce
 PRELUDE = """
 static inline float g_bits2f(int i) { union { int i; float f; } u; u.i = i; return u.f; }
 static inline int g_f2bits(float f) { union { int i; float f; } u; u.f = f; return u.i; }
-static inline float g_exp2f(float x) {
+static inline float g_exp2f(float a) {
+  /* NaN goes through the arithmetic as 0 and comes back at the end: converting it to int would be undefined */
+  float x = a != a ? 0.0f : a;
   x = x < -151.0f ? -151.0f : x;
   x = x > 129.0f ? 129.0f : x;
   /* round to nearest by the float adder itself (floorf would stop gcc from vectorizing the loop) */
@@ -28,7 +30,8 @@ static inline float g_exp2f(float x) {
   p = p * f + 5.5504108664821580e-02f; p = p * f + 2.4022650695910071e-01f; p = p * f + 6.9314718055994531e-01f;
   p = p * f + 1.0f;
   int k = (int)n, k1 = k >> 1, k2 = k - k1;   /* 2^k as two factors: each stays a normal float */
-  return p * g_bits2f((k1 + 127) << 23) * g_bits2f((k2 + 127) << 23);
+  float r = p * g_bits2f((k1 + 127) << 23) * g_bits2f((k2 + 127) << 23);
+  return a != a ? a : r;
 }
 static inline float g_log2f(float x) {
   int tiny = x < 1.17549435e-38f;

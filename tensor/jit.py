@@ -57,6 +57,11 @@ class Jit:
 
   def __call__(self, *args, **kwargs):
     from .tensor import Tensor
+    from .assign import is_view
+    def own(v):   # a view of another tensor's memory is passed as a copy of its own: what a capture binds is its buffer
+      if isinstance(v, Tensor): return v.contiguous().realize() if is_view(v) else v
+      return tuple(own(x) for x in v) if isinstance(v, tuple) else v
+    args, kwargs = own(args), {k: own(v) for k, v in kwargs.items()}
     tensors: list[Tensor] = []
     def signature_of(v):
       if isinstance(v, Tensor):
