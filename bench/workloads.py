@@ -55,6 +55,10 @@ def conv_np(x, w, pad=1):
   return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)  # (N, H, W, O) -> (N, O, H, W)
 
 
+def gelu_np(x):
+  return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 def mlp_np(x, *params):
   for w, b in zip(params[0::2], params[1::2]): x = np.maximum(x @ w.T + b, 0)
   return x
@@ -107,6 +111,10 @@ def _mlp_inputs(s, rng):
 def _n(s): return math.prod(s["shape"])
 
 
+def _sized(w: "Workload", id: str) -> "Workload":
+  return Workload(id, w.inputs, w.graft, w.numpy, w.torch, w.amount, w.unit, w.describe, w.tol)
+
+
 WORKLOADS: dict[str, Workload] = {w.id: w for w in [
   Workload("ew", lambda s, rng: [_normal(rng, s["shape"]) for _ in range(3)],
            lambda a, b, c: (a * b + c).relu(), lambda a, b, c: np.maximum(a * b + c, 0),
@@ -130,6 +138,12 @@ WORKLOADS: dict[str, Workload] = {w.id: w for w in [
            matmul16_graft, lambda a, b: a.astype(np.float32) @ b.astype(np.float32), lambda a, b: (a @ b).float(),
            lambda s: 2 * s["m"] * s["n"] * s["k"], "TFLOP/s", lambda s: f"{s['m']}x{s['k']} @ {s['k']}x{s['n']} f16",
            tol=2e-3),
+  # a product with its epilogue: the bias and the GELU (tanh form, as Graft's) in the product's kernel
+  Workload("linear_gelu", lambda s, rng: [_normal(rng, (s["m"], s["k"])), _normal(rng, (s["k"], s["n"])) / np.float32(math.sqrt(s["k"])),
+                                          _normal(rng, (s["n"],))],
+           lambda x, w, b: (x @ w + b).gelu(), lambda x, w, b: gelu_np(x @ w + b),
+           lambda x, w, b: __import__("torch").nn.functional.gelu(x @ w + b, approximate="tanh"),
+           lambda s: 2 * s["m"] * s["n"] * s["k"], "GFLOP/s", lambda s: f"({s['m']}x{s['k']} @ {s['k']}x{s['n']} + b).gelu()"),
   Workload("conv", lambda s, rng: [_normal(rng, s["x"]), _normal(rng, s["w"])],
            lambda x, w: x.conv2d(w, padding=1), conv_np,
            lambda x, w: __import__("torch").nn.functional.conv2d(x, w, padding=1),
@@ -143,6 +157,8 @@ WORKLOADS: dict[str, Workload] = {w.id: w for w in [
            lambda s: 0, "ms", lambda s: "q,k,v " + "x".join(map(str, s["shape"]))),
 ]}
 
+WORKLOADS["matmul1k"] = _sized(WORKLOADS["matmul"], "matmul1k")
+
 # the tables of WORKLOADS.md, one per device (and small sizes for --quick)
 SIZES: dict[str, dict[str, dict]] = {
   "CPU": {
@@ -154,13 +170,15 @@ SIZES: dict[str, dict[str, dict]] = {
   "CUDA": {
     "ew": {"shape": (16384, 16384)}, "sum": {"shape": (16384, 16384)}, "softmax": {"shape": (16384, 16384)},
     "layernorm": {"shape": (16384, 16384)}, "matmul": {"m": 4096, "n": 4096, "k": 4096},
+    "matmul1k": {"m": 1024, "n": 1024, "k": 1024}, "linear_gelu": {"m": 8192, "n": 4096, "k": 4096},
     "matmul16": {"m": 8192, "n": 8192, "k": 8192}, "conv": {"x": (32, 128, 56, 56), "w": (128, 128, 3, 3)},
     "attn": {"shape": (32, 1024, 64)},
   },
 }
 QUICK_SIZES: dict[str, dict] = {
   "ew": {"shape": (512, 512)}, "sum": {"shape": (512, 512)}, "softmax": {"shape": (512, 512)},
-  "layernorm": {"shape": (512, 512)}, "matmul": {"m": 128, "n": 128, "k": 128}, "matmul16": {"m": 128, "n": 128, "k": 128},
+  "layernorm": {"shape": (512, 512)}, "matmul": {"m": 128, "n": 128, "k": 128}, "matmul1k": {"m": 128, "n": 128, "k": 128},
+  "linear_gelu": {"m": 128, "n": 128, "k": 128}, "matmul16": {"m": 128, "n": 128, "k": 128},
   "conv": {"x": (2, 8, 16, 16), "w": (8, 8, 3, 3)}, "mlp": {"batch": 32, "width": 128, "layers": 3},
   "attn": {"shape": (2, 64, 16)},
 }
@@ -231,7 +249,7 @@ FRAMEWORKS: dict[str, Callable] = {
 
 def to_numpy(out) -> np.ndarray:
   if isinstance(out, np.ndarray): return out
-  if hasattr(out, "detach"): return out.detach().float().cpu().numpy()  # torch
+  if hasattr(out, "cpu"): return out.detach().float().cpu().numpy()  # torch (Graft tensors have detach() too)
   return out.numpy()                                                    # Graft
 
 

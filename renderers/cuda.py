@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
-from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 
 PRELUDE = r"""
@@ -45,6 +45,10 @@ template <int W, class T, class Op> __device__ __forceinline__ T g_row_reduce(T 
 @dataclass
 class CUDALanguage(Language):
   kernel_prefix: str = 'extern "C" __global__ void'
+  # per kernel (CUDARenderer.render): the loops that end with a barrier (a shared tile refilled next trip) and the
+  # shared tiles' BARRIERs that wait for a fill (the others come after one that waited already)
+  synced_loops: frozenset = frozenset()
+  waiting_barriers: frozenset = frozenset()
   restrict: str = "__restrict__"
   half: str = "half"
   infinity: str = "__int_as_float(0x7f800000)"
@@ -80,10 +84,50 @@ def _row_reduce(ctx: RenderContext, b: UOp) -> str:
   return call if wide is b.dtype else f"(({ctx.lang.type(b.dtype)})({call}))"
 
 
+def _shared_tile(ctx: RenderContext, b: UOp) -> str:
+  """A shared tile (rules/opt/pack.py): __shared__, 16-byte aligned (rows of a tile are read as float4 by nvcc)."""
+  return f"__shared__ __align__(16) {ctx.lang.type(b.dtype.base)} {ctx.names[b]}[{b.arg[1]}];"
+
+
+def _filled(ctx: RenderContext, b: UOp, local: UOp) -> str:
+  """BARRIER(tile, *fill stores): the block waits until every lane's share of the tile is stored."""
+  return f"(__syncthreads(), {ctx[local]})" if b in ctx.lang.waiting_barriers else ctx[local]
+
+
+def _loop(ctx: RenderContext, r: UOp) -> str:
+  # a slice's inner loop (a split part) reading shared tiles is unrolled: its loads stay in registers
+  tag = r.arg[-1] if isinstance(r.arg, tuple) else None
+  head = loop_head(ctx, r)
+  return f"#pragma unroll\n{head}" if isinstance(tag, tuple) and tag[0] == "split" and tag[1] <= 16 else head
+
+
+def _end(ctx: RenderContext, e: UOp) -> str:
+  # the next trip refills the shared tiles: every lane must be done reading them
+  return "__syncthreads();\n}" if e.src[0] in ctx.lang.synced_loops else "}"
+
+
 cuda_rules = PatternMatcher([
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
+  (UPat(Ops.DEFINE_LOCAL, name="b"), _shared_tile),
+  (UPat(Ops.BARRIER, name="b", src=(UPat(Ops.DEFINE_LOCAL, name="local"),), allow_any_len=True), _filled),
   (UPat(Ops.BARRIER, name="b"), _row_reduce),
+  (UPat(Ops.RANGE, name="r"), _loop),
+  (UPat(Ops.END, name="e"), _end),
 ], name="render.cuda")
+
+
+def barriers(linear: UOp) -> tuple[frozenset, frozenset]:
+  """(loops whose trips refill a shared tile, the shared tiles' BARRIERs that must wait for a fill)."""
+  open_loops, synced, waiting, filling = [], set(), set(), False
+  for u in linear.src:
+    if u.op is Ops.RANGE: open_loops.append(u)
+    elif u.op is Ops.END: open_loops.pop()
+    elif u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_LOCAL: filling = True
+    elif u.op is Ops.BARRIER and u.src[0].op is Ops.DEFINE_LOCAL:
+      if filling: waiting.add(u)
+      filling = False
+      if open_loops: synced.add(open_loops[-1])
+  return frozenset(synced), frozenset(waiting)
 
 
 class CUDARenderer:
@@ -94,8 +138,10 @@ class CUDARenderer:
   def render(self, name: str, linear: UOp) -> str:
     dims = launch_dims(linear)
     threads = dims[1][0] if dims else 1
+    synced, waiting = barriers(linear)
     shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
-    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void')
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void', synced_loops=synced,
+                   waiting_barriers=waiting)
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
   def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"

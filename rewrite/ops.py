@@ -7,6 +7,7 @@ class Ops(Enum):
   SINK = auto(); NOOP = auto()
   # tensor level
   BUFFER = auto(); CONST = auto(); VIEW = auto(); REDUCE_AXIS = auto(); CONTIGUOUS = auto(); COPY = auto(); ASSIGN = auto()
+  DETACH = auto()  # the value of its source, through which no gradient flows (rules/gradient.py); gone before realize
   DEFINE_VAR = auto(); IOTA = auto()
   # kernel level
   KERNEL = auto(); DEFINE_GLOBAL = auto(); LOAD = auto(); STORE = auto(); INDEXED = auto()
@@ -42,7 +43,7 @@ class GroupOp:
   Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
-  Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN})
+  Tensor = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.VIEW, Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.DETACH})
   Kernel = frozenset({Ops.KERNEL, Ops.DEFINE_GLOBAL, Ops.LOAD, Ops.STORE, Ops.INDEXED})
   Loop = frozenset({Ops.RANGE, Ops.END, Ops.REDUCE, Ops.DEFINE_ACC, Ops.INDEX, Ops.SPECIAL, Ops.IF, Ops.ENDIF, Ops.BARRIER,
                     Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_LOCAL, Ops.BLOCK, Ops.BLOCKEND, Ops.MMA})

@@ -16,14 +16,19 @@ row length; every reader must read the result only broadcast along the reduced a
 element); nothing between the two kernels may write what the reduction reads; the device's `admits` (if any)
 agrees. On the CPU the reader's threads take rows, each row read from memory once and its other passes from cache.
 
-Stage `gpu` (kernel scope, rule `attach_grid_plan`, ctx: `GridContext` prepared by the policy `choose_grid_plan`,
-which the pipeline calls before the rule): in, a lowered kernel `SINK(STORE...)`; out, the same SINK with arg
-`GridPlan`: which loops are rows (run by blocks), which are spread over a row's lanes (threads), how many rows a
-block holds. The plan is data (`GridOpt(kind, axis, amount)` records, axes numbered as `kernel_loops`
-lists them), chosen by `ctx.choose` or the heuristic `grid_plan`; the context also keeps, computed once from the plan,
-the index every planned loop becomes, for the next stage.
+The plan (one type for both devices: rules/opt's `Plan` of `Opt(kind, axis, amount)` records) is chosen by stage
+`opt`'s policy; on a GPU, without a search's or a user's pick, by `gpu_plan`: a product's tile plan
+(rules/opt/gpu_tile.py) where its sizes divide a tile, else a rows plan (`grid_plan`). A GPU plan holds the GPU's
+kinds: `global(a)` (loop a, what the splitting records leave of it, runs on blocks; several merge row-major), `local(a,
+n)` (n lanes of a block), `group(a, n)` (a reduction loop over n lanes, combined across them), and a rows plan's
+records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread).
 
-Stage `gpu_grid` (kernel scope, `grid_rules`, the same ctx): carries the plan out with rules on the loops:
+A **tile plan** also holds the CPU's kinds: `split`/`upcast` (a register tile), `pack(k)` of a reduction loop (its
+slices staged in shared memory, rules/opt/pack.py). Its local records split their loop like upcast ones (stage
+opt_split), and stage `opt_grid` maps the parts: `lay_out_tiles`.
+
+Stage `opt_grid` (kernel scope, `grid_rules`, ctx: `OptContext`, prepared by `lay_out_grid`, which lays the plan out
+once: `GridLayout`, the index each planned loop becomes) runs after opt_pack. For a rows plan (`lay_out_rows`):
 - a planned `RANGE` becomes its index in `SPECIAL(arg=("gidx0", blocks))` (the block) and
   `SPECIAL(arg=("lidx0", threads))` (the thread): a row loop takes the row, row = gidx0*rows_per_block + lidx0//lanes;
   a spread loop takes lane, lane+lanes, ... (lane = lidx0 % lanes: consecutive lanes read consecutive addresses);
@@ -47,21 +52,21 @@ shared by several outputs, walks memory along its row, or has too few rows to fi
 128-1024 lanes for a row of at least BLOCK_REDUCE_MIN elements, else up to a warp of lanes per row and several rows
 per block.
 
-Stage `gpu_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
+Stage `opt_grid_index` (kernel scope, `gpu_index_rules`): the shared symbolic rules plus `(x//c)*c + x%c -> x`, which
 folds the thread-index arithmetic back into flat indices, and a store whose gate the bounds decided is not gated.
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks, InOrder
 from .strided_view import contiguous_strides, View
 from .realize import buffers_read, ScheduleIndex
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
-from .opt.plan import Opt
+from .opt.plan import Opt, OptKind, Plan, OptContext, InvalidPlan, SPLITTING, kernel_axes, is_tile_plan, check_splits
+from .opt.upcast import part_kind
+from .opt.pack import split_flat as split
 
 MAX_THREADS = 1024           # threads per block, every CUDA GPU since compute capability 2.0
 MAX_GRID = 2**31 - 1         # blocks along x
@@ -224,65 +229,65 @@ fuse_rules = PatternMatcher([
 
 # ---------------------------------------------------------------- the grid plan (data)
 
-class GridKind(str, Enum):
-  BLOCK = "block"    # a row loop: its index comes from the block (and the thread's row in it); row loops merge row-major
-  THREAD = "thread"  # a loop spread over the `amount` lanes of its row: lane l takes l, l+amount, ...
-  ROWS = "rows"      # (axis -1) `amount` rows per block, each on its own lanes
-  UPCAST = "upcast"  # (axis -1) each thread takes `amount` rows, unrolled, rows_per_block apart (more loads in flight)
-  # (an axis of the reduction's source) the reduction runs as `amount` partial reductions into a scratch buffer and a
-  # second kernel combines them (rules/gpu_split.py): a record of the host stage (two kernels instead of one), not of
-  # one kernel's grid
-  SPLIT = "split_reduce"
-  def __repr__(self): return self.value
-
-
-# one record type for every plan: the GPU's kinds (GridKind) are kinds of the CPU vocabulary's `Opt` (rules/opt)
-GridOpt = Opt
-
-
-@dataclass(frozen=True)
-class GridPlan:
-  """How a kernel's loops map onto a grid of blocks of threads, and who chose it ("heuristic" or "given")."""
-  opts: tuple[GridOpt, ...]
-  origin: str = "given"
-  def axes(self, kind: GridKind) -> list[int]: return [o.axis for o in self.opts if o.kind is kind]
-  @property
-  def lanes(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.THREAD), default=1)
-  @property
-  def rows_per_block(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.ROWS), default=1)
-  @property
-  def rows_per_thread(self) -> int: return max((o.amount for o in self.opts if o.kind is GridKind.UPCAST), default=1)
-  def __str__(self): return f"{' '.join(map(repr, self.opts)) or 'one thread'} [{self.origin}]"
-
-
-WHOLE_KERNEL = (GridKind.ROWS, GridKind.UPCAST)   # kinds about the rows as a whole: axis -1
-
-
-class InvalidGridPlan(ValueError):
-  """A grid plan that does not fit the kernel it was given to."""
+class InvalidGridPlan(InvalidPlan):
+  """A GPU plan that does not fit the kernel it was given to."""
 
 
 def kernel_loops(sink: UOp) -> list[UOp]:
   """The kernel's loops in nesting order (output loops, then reduction loops): what a plan's axis numbers name."""
-  return sorted((n for n in sink.toposort if n.op is Ops.RANGE), key=nesting_key)
+  return kernel_axes(sink)
 
 
-def check_grid_plan(plan: GridPlan, loops: list[UOp]) -> None:
-  lanes, rows = plan.lanes, plan.rows_per_block
+def lanes_of(plan: Plan) -> int:
+  """Lanes of a row: the amount of every local record on a loop and every group record (a rows plan)."""
+  return max((o.amount for o in plan.opts if o.kind in (OptKind.LOCAL, OptKind.GROUP) and o.axis >= 0), default=1)
+
+
+def rows_per_block(plan: Plan) -> int: return max((o.amount for o in plan.opts if o.kind is OptKind.LOCAL and o.axis < 0), default=1)
+def rows_per_thread(plan: Plan) -> int: return max((o.amount for o in plan.opts if o.kind is OptKind.UPCAST and o.axis < 0), default=1)
+def plan_axes(plan: Plan, *kinds: OptKind) -> list[int]: return [o.axis for o in plan.opts if o.kind in kinds and o.axis >= 0]
+
+
+def check_gpu_plan(plan: Plan, loops: list[UOp]) -> None:
+  """A GPU plan is a rows plan (whole loops onto blocks and lanes: global, local, group records, `local(-1, R)` R rows a
+  block, `upcast(-1, E)` E rows a thread) or a tile plan (rules/opt's splitting records with local parts: see
+  `lay_out_tiles`)."""
   for o in plan.opts:
-    if o.kind is GridKind.SPLIT: raise InvalidGridPlan(f"{o!r}: a split reduction is two kernels, the host stage's record, not one kernel's grid")
-    if o.kind is GridKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
-    if o.kind not in WHOLE_KERNEL and not 0 <= o.axis < len(loops): raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
-    if o.kind is GridKind.BLOCK and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop is a row")
-    if o.kind is GridKind.THREAD and o.amount != lanes: raise InvalidGridPlan(f"{o!r}: every spread loop has the row's {lanes} lanes")
-  if len({o.axis for o in plan.opts if o.kind not in WHOLE_KERNEL}) != sum(o.kind not in WHOLE_KERNEL for o in plan.opts):
-    raise InvalidGridPlan(f"{plan}: a loop is planned twice")
+    if o.kind is OptKind.SPLIT_REDUCE: raise InvalidGridPlan(f"{o!r}: a split reduction is two kernels, the host stage's record, not one kernel's grid")
+    if o.axis >= len(loops) or o.axis < -1 or (o.axis == -1 and o.kind not in (OptKind.LOCAL, OptKind.UPCAST)):
+      raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
+    if o.kind is OptKind.GLOBAL and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop runs on blocks")
+  outs = [i for i, r in enumerate(loops) if r.arg[0] == "out"]
+  if missing := set(outs) - set(plan_axes(plan, OptKind.GLOBAL, OptKind.LOCAL)):
+    raise InvalidGridPlan(f"{plan}: output loops {sorted(missing)} are not planned")
+  if is_tile_plan(plan): return check_tile_plan(plan, loops)
+  lanes, rows = lanes_of(plan), rows_per_block(plan)
+  for o in plan.opts:
+    if o.kind is OptKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
+    if o.kind is OptKind.GROUP and loops[o.axis].arg[0] == "out": raise InvalidGridPlan(f"{o!r}: only a reduction loop is grouped over lanes")
+    if o.kind is OptKind.LOCAL and o.axis >= 0 and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: a reduction loop over lanes is a group record")
+    if o.kind in (OptKind.LOCAL, OptKind.GROUP) and o.axis >= 0 and o.amount != lanes:
+      raise InvalidGridPlan(f"{o!r}: every spread loop has the row's {lanes} lanes")
+  loop_records = [o.axis for o in plan.opts if o.axis >= 0]
+  if len(set(loop_records)) != len(loop_records): raise InvalidGridPlan(f"{plan}: a loop is planned twice")
   if (lanes * rows > MAX_THREADS or (lanes > WARP and rows > 1) or (lanes > 1 and (lanes * rows) % WARP) or
       (lanes < WARP and lanes & (lanes - 1))):
     raise InvalidGridPlan(f"{plan}: {lanes} lanes x {rows} rows is not a block (whole warps, at most {MAX_THREADS} "
                           "threads; a row of up to a warp has a power of two of lanes, a longer one a block alone)")
-  outs = [i for i, r in enumerate(loops) if r.arg[0] == "out"]
-  if missing := set(outs) - {o.axis for o in plan.opts}: raise InvalidGridPlan(f"{plan}: output loops {sorted(missing)} are not planned")
+
+
+def check_tile_plan(plan: Plan, loops: list[UOp]) -> None:
+  """A tile plan: every record a CPU kind that the loops allow (local records split like upcast ones), whole loops
+  only on blocks, at most MAX_THREADS lanes, no rows records and no group (lanes of a tile never combine)."""
+  check_splits(plan, loops, (*SPLITTING, OptKind.LOCAL))
+  for o in plan.opts:
+    if o.axis < 0 or o.kind in (OptKind.GROUP, OptKind.PARALLEL, OptKind.SIMD, OptKind.INTERCHANGE):
+      raise InvalidGridPlan(f"{o!r}: not a record of a GPU tile plan")
+    if o.kind is OptKind.VECTOR: raise InvalidGridPlan(f"{o!r}: a GPU tile plan has no vector record yet")
+  if (threads := math.prod(o.amount for o in plan.opts if o.kind is OptKind.LOCAL)) > MAX_THREADS:
+    raise InvalidGridPlan(f"{plan}: {threads} lanes, more than a block's {MAX_THREADS}")
+  if any(loops[o.axis].arg[0] != "out" for o in plan.opts if o.kind in (OptKind.LOCAL, OptKind.UPCAST)):
+    raise InvalidGridPlan(f"{plan}: a reduction loop over lanes or unrolled into registers needs a group record")
 
 
 def row_lanes(n: int) -> int:
@@ -308,7 +313,7 @@ def _strided_loads(reductions: list[UOp], lane_of) -> int:
              for red in reductions for n in red.src[0].toposort if n.op is Ops.LOAD)
 
 
-def rows_per_thread(n: int, threads: int, multiprocessors: int) -> int:
+def thread_rows(n: int, threads: int, multiprocessors: int) -> int:
   """Rows a thread takes (unrolled) so that each has several loads in flight, while the grid still has
   WAVES x multiprocessors x (RESIDENT_THREADS / threads) blocks: the whole GPU busy several times over."""
   for e in (4, 2):
@@ -316,7 +321,13 @@ def rows_per_thread(n: int, threads: int, multiprocessors: int) -> int:
   return 1
 
 
-def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
+def gpu_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> Plan:
+  """The GPU's heuristic: a product's tiles (rules/opt/gpu_tile.py) where they fit, else rows (`grid_plan`)."""
+  from .opt.gpu_tile import tile_plan
+  return tile_plan(sink, loops, multiprocessors) or grid_plan(sink, loops, multiprocessors)
+
+
+def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> Plan:
   """The heuristic: lanes per row when the kernel has reductions computed once per output element (by ADD or MAX)
   and one of: their rows are too few to fill the GPU with a thread each; a row's value is shared by several outputs
   (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
@@ -338,13 +349,14 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
     per_block = 1 if lanes > WARP else ROW_GROUP_THREADS // lanes
     per_block = max(min(per_block, 1 << (size_of(rows) - 1).bit_length()), WARP // lanes)
     spread = [r for r in outs if r not in rows] + [r for red in shared for r in red.src[1:]]
-    return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in rows), *(GridOpt(GridKind.THREAD, axis[r], lanes) for r in spread),
-                     *((GridOpt(GridKind.ROWS, -1, per_block),) if per_block > 1 else ())), "heuristic")
+    return Plan((*(Opt(OptKind.GLOBAL, axis[r]) for r in rows),
+                 *(Opt(OptKind.LOCAL if r.arg[0] == "out" else OptKind.GROUP, axis[r], lanes) for r in spread),
+                 *((Opt(OptKind.LOCAL, -1, per_block),) if per_block > 1 else ())), "heuristic")
   n = size_of(outs)
   per_block = FLAT_THREADS if n >= FLAT_THREADS else cdiv(n, WARP) * WARP
-  per_thread = rows_per_thread(n, per_block, multiprocessors)
-  return GridPlan((*(GridOpt(GridKind.BLOCK, axis[r]) for r in outs), *((GridOpt(GridKind.ROWS, -1, per_block),) if outs else ()),
-                   *((GridOpt(GridKind.UPCAST, -1, per_thread),) if per_thread > 1 else ())), "heuristic")
+  per_thread = thread_rows(n, per_block, multiprocessors)
+  return Plan((*(Opt(OptKind.GLOBAL, axis[r]) for r in outs), *((Opt(OptKind.LOCAL, -1, per_block),) if outs else ()),
+               *((Opt(OptKind.UPCAST, -1, per_thread),) if per_thread > 1 else ())), "heuristic")
 
 
 # ---------------------------------------------------------------- gpu (kernel scope): the plan, laid out once
@@ -363,16 +375,6 @@ def grid(blocks: int) -> tuple[UOp, UOp | None]:
   turn = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, turns),), ("out", -1, "grid stride"))  # outermost
   b = turn * g + special("gidx0", g)
   return b, (b < blocks if turns * g != blocks else None)
-
-
-def split(flat: UOp, sizes: list[int]) -> list[UOp]:
-  """The indices of loops of `sizes` (outermost first) that run through `flat` in row-major order."""
-  out, stride = [], math.prod(sizes)
-  for i, s in enumerate(sizes):
-    stride //= s
-    e = flat if stride == 1 else flat // stride
-    out.append(e if i == 0 else e % s)
-  return out
 
 
 def clamped(i: UOp, n: int, guard: UOp | None) -> UOp: return i if guard is None else guard.where(i, n - 1)
@@ -404,11 +406,8 @@ class Spread:
 
 
 @dataclass
-class GridContext:
-  """What the gpu stages share for one kernel: the plan and, laid out from it once, the index of each planned loop."""
-  choose: Callable[[UOp, list[UOp]], GridPlan] | None = None   # the policy (default: grid_plan)
-  multiprocessors: int = MULTIPROCESSORS                        # the device's SM count (runtime/cuda.py asks the driver)
-  plan: GridPlan | None = None
+class GridLayout:
+  """A GPU plan laid out once (stage opt_grid's prepare) for the stage's rules: the index each planned loop becomes."""
   index: dict[UOp, UOp] = field(default_factory=dict)          # planned RANGE -> its index in SPECIALs and trips
   spreads: dict[tuple[UOp, ...], Spread] = field(default_factory=dict)  # a reduction's new range sources -> its spread
   columns: Spread | None = None                                 # the spread of the output loops that are not rows
@@ -416,10 +415,13 @@ class GridContext:
   gate: UOp | None = None                                       # where a store may write
 
 
-def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
-  plan = ctx.plan
-  lanes, per_block, per_thread = plan.lanes, plan.rows_per_block, plan.rows_per_thread
-  rows = [loops[a] for a in plan.axes(GridKind.BLOCK)]
+def lay_out_rows(plan: Plan, sink: UOp, loops: list[UOp]) -> GridLayout:
+  """A rows plan: global loops merge into rows (LOCAL(-1, R) of them a block, UPCAST(-1, E) a thread), local and group
+  loops are spread over the lanes of a row (a lane takes lane, lane + lanes, ...), sizes that do not divide clamped and
+  gated."""
+  ctx = GridLayout()
+  lanes, per_block, per_thread = lanes_of(plan), rows_per_block(plan), rows_per_thread(plan)
+  rows = [loops[a] for a in plan_axes(plan, OptKind.GLOBAL)]
   nrows = size_of(rows)
   blocks = cdiv(nrows, per_block * per_thread)
   (gidx, in_grid), lidx = grid(blocks), special("lidx0", per_block * lanes)
@@ -432,7 +434,7 @@ def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
   row_guard = row < nrows if nrows % (per_block * per_thread) or in_grid is not None else None
   if trip is not None: ctx.rows = Spread(nrows, per_block, trip, True, row_guard)
   ctx.index = dict(zip(rows, split(clamped(row, nrows, row_guard), [r.src[0].arg for r in rows])))
-  spread = {loops[a] for a in plan.axes(GridKind.THREAD)}
+  spread = {loops[a] for a in plan_axes(plan, OptKind.LOCAL, OptKind.GROUP)}
   owned = [red.src[1:] for red in sink.toposort if red.op is Ops.REDUCE and set(red.src[1:]) <= spread]
   columns = tuple(r for r in loops if r in spread and r.arg[0] == "out")
   if set(spread) - set(columns) - {r for g in owned for r in g}: raise InvalidGridPlan(f"{plan}: a spread loop is part of no reduction")
@@ -449,27 +451,45 @@ def lay_out(ctx: GridContext, sink: UOp, loops: list[UOp]) -> None:
     else: ctx.spreads[tuple(ctx.index[r] for r in group)] = s
   # a row with no columns has one value per row: the first lane writes it
   ctx.gate = both(row_guard, lane < 1 if lanes > 1 and not columns else None)
+  return ctx
 
 
-def choose_grid_plan(ctx: GridContext, sink: UOp) -> None:
-  """The policy, run by the pipeline before the `gpu` rules (Stage.prepare): the plan `ctx.choose` gives (default: the
-  heuristic `grid_plan`), checked, and laid out once into the context for the rules of this stage and the next."""
-  if isinstance(sink.arg, GridPlan) or sink.arg == "linear": return
-  if any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return   # mapped already
-  loops = kernel_loops(sink)
-  plan = ctx.choose(sink, loops) if ctx.choose is not None else grid_plan(sink, loops, ctx.multiprocessors)
-  check_grid_plan(plan, loops)
-  ctx.plan = plan
-  lay_out(ctx, sink, loops)
+def local_parts(sink: UOp) -> list[UOp]:
+  """The lane parts of a tile plan's loops (rules/opt/split.py tags them ("local", n)), in the order they merge into
+  the thread index: by the loop they came from, outer parts first."""
+  return sorted((n for n in sink.toposort if n.op is Ops.RANGE and part_kind(n) == "local"), key=lambda r: (r.arg[1][1], r.arg[1][0]))
 
 
-def attach_grid_plan(ctx: GridContext, sink: UOp) -> UOp | None:
-  """The kernel carries the grid plan chosen for it (shown at DEBUG=2; a mapped kernel is not planned again)."""
-  if ctx.plan is None or isinstance(sink.arg, GridPlan) or sink.arg == "linear": return None
-  return sink.replace(arg=ctx.plan)
+def lay_out_tiles(opt: OptContext, sink: UOp) -> GridLayout:
+  """A tile plan, its loops split (stage opt_split): the lane parts merge row-major into the thread index (the first
+  loop's outermost), what is left of the global loops merges row-major into the block index; where the first global
+  record has an amount g > 1 and other global loops follow, blocks go in groups of g along the first loop (blocks
+  next in order share their tiles of the other operand in L2). Every amount divides: nothing is gated."""
+  ctx = GridLayout()
+  parts = local_parts(sink)
+  ctx.index.update(zip(parts, split(special("lidx0", size_of(parts)), [r.src[0].arg for r in parts])))
+  records = [o for o in opt.plan.opts if o.kind is OptKind.GLOBAL]
+  outer = [(o, r) for o in records if (r := opt.current_loop(o.axis)) is not None and part_kind(r) is None and r.op is Ops.RANGE]
+  if not outer: return ctx
+  sizes = [r.src[0].arg for _, r in outer]
+  if math.prod(sizes) > MAX_GRID: raise InvalidGridPlan(f"{opt.plan}: {math.prod(sizes)} blocks, more than a grid holds")
+  b = special("gidx0", math.prod(sizes))
+  g, rest = outer[0][0].amount, math.prod(sizes[1:])
+  if g > 1 and rest > 1 and sizes[0] % g == 0:
+    first = (b // (g * rest)) * g + b % g
+    ctx.index.update(zip([r for _, r in outer], [first, *split((b % (g * rest)) // g, sizes[1:])]))
+  else: ctx.index.update(zip([r for _, r in outer], split(b, sizes)))
+  return ctx
 
 
-grid_plan_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), attach_grid_plan)], name="gpu")
+def lay_out_grid(ctx: OptContext, sink: UOp) -> None:
+  """The policy's plan (stage opt's prepare chose it) laid out once for stage opt_grid's rules (Stage.prepare)."""
+  # (a kernel a user's stage mapped already has no plan attached: nothing to lay out)
+  if ctx.grid is not None or not isinstance(sink.arg, Plan) or sink.arg is not ctx.plan: return
+  ctx.grid = lay_out_tiles(ctx, sink) if is_tile_plan(ctx.plan) else lay_out_rows(ctx.plan, sink, kernel_axes_of(ctx))
+
+
+def kernel_axes_of(ctx: OptContext) -> list[UOp]: return sorted(ctx.axis_of, key=ctx.axis_of.get)
 
 
 # ---------------------------------------------------------------- gpu_grid (kernel scope): the plan carried out
@@ -486,26 +506,28 @@ def combine(op: Ops, parts: list[UOp]) -> UOp:
   return parts[0]
 
 
-def loop_to_grid_index(ctx: GridContext, r: UOp) -> UOp | None: return ctx.index.get(r)
+def loop_to_grid_index(ctx: OptContext, r: UOp) -> UOp | None: return None if ctx.grid is None else ctx.grid.index.get(r)
 
 
-def reduce_over_lanes(ctx: GridContext, red: UOp) -> UOp | None:
+def reduce_over_lanes(ctx: OptContext, red: UOp) -> UOp | None:
   """A reduction over spread loops: each lane's partial over its trips, then the row's lanes combined."""
-  if (s := ctx.spreads.get(red.src[1:])) is None: return None
+  if ctx.grid is None or (s := ctx.grid.spreads.get(red.src[1:])) is None: return None
   parts = [v if g is None else g.where(v, identity(red)) for v, g in s.copies(red.src[0])]
   partial = combine(red.arg, parts) if s.trip is None or s.unrolled else UOp(Ops.REDUCE, red.dtype, (parts[0], s.trip), red.arg)
   return UOp(Ops.BARRIER, red.dtype, (partial,), (red.arg, s.lanes))
 
 
-def gate_store(ctx: GridContext, st: UOp) -> UOp | None:
-  gate = both(ctx.gate, ctx.columns.guard if ctx.columns is not None else None)
+def gate_store(ctx: OptContext, st: UOp) -> UOp | None:
+  if (g := ctx.grid) is None or st.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None   # (a shared tile's fill is not gated)
+  gate = both(g.gate, g.columns.guard if g.columns is not None else None)
   return None if gate is None else st.replace(src=(*st.src, gate))
 
 
-def unroll_stores(ctx: GridContext, sink: UOp) -> UOp | None:
+def unroll_stores(ctx: OptContext, sink: UOp) -> UOp | None:
   """Each store over a thread's unrolled rows or column trips becomes one store per trip."""
+  if ctx.grid is None: return None
   stores = list(sink.src)
-  for s in (ctx.rows, ctx.columns):
+  for s in (ctx.grid.rows, ctx.grid.columns):
     if s is None or s.trip is None or not s.unrolled or not any(s.trip in st.toposort for st in stores): continue
     stores = [c for st in stores for c in s.trips(st)]   # a store's gate is in the store already
   return None if stores == list(sink.src) else sink.replace(src=tuple(stores))
@@ -516,7 +538,7 @@ grid_rules = PatternMatcher([
   (UPat(Ops.REDUCE, name="red"), reduce_over_lanes),
   (UPat(Ops.STORE, name="st", src=(UPat(), UPat())), gate_store),
   (UPat(Ops.SINK, name="sink"), unroll_stores),
-], name="gpu_grid")
+], name="opt_grid")
 
 
 # ---------------------------------------------------------------- gpu_index
@@ -545,7 +567,7 @@ def drop_gate_that_always_holds(st: UOp) -> UOp:
 gpu_index_rules = symbolic_rules + PatternMatcher([
   (UPat(Ops.ADD, dtype=tuple(d for d in dtypes.all() if d.is_int), name="u"), fold_div_mod_pairs),
   (UPat(Ops.STORE, name="st", src=(UPat(), UPat(), UPat.const(dtypes.bool, True))), drop_gate_that_always_holds),
-], name="gpu_index")
+], name="opt_grid_index")
 
 
 # ---------------------------------------------------------------- launch

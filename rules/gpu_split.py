@@ -3,7 +3,7 @@ times them on first use: runtime/pick.py).
 
 One block of lanes per row (rules/gpu.py) leaves most of a GPU idle when the rows are few: `x.sum()` of 4096x4096 is one
 block on one of 132 multiprocessors; a column sum `x.sum(0)` is a thread per output, 4096 threads. The record
-`split_reduce(axis, parts)` (`GridKind.SPLIT`, chosen by `split_reduction_plan`) says: read the reduction's source
+`split_reduce(axis, parts)` (`OptKind.SPLIT_REDUCE`, chosen by `split_reduction_plan`) says: read the reduction's source
 with `axis` split into (parts, length / parts), reduce everything but `parts` into a scratch buffer of partials (many
 rows: the grid planner gives them blocks or threads across the whole GPU), then reduce the partials over `parts`.
 
@@ -18,7 +18,8 @@ from rewrite import UOp, Ops, substitute
 from .strided_view import View
 from .realize import NewBuffer
 from .shapes import shape_of
-from .gpu import (GridKind, GridOpt, InvalidGridPlan, MAX_THREADS, MULTIPROCESSORS, RESIDENT_THREADS, LOOP_THREADS,
+from .opt.plan import Opt, OptKind
+from .gpu import (InvalidGridPlan, MAX_THREADS, MULTIPROCESSORS, RESIDENT_THREADS, LOOP_THREADS,
                   walks_rows, _buffer_views)
 
 SPLIT_MIN_LENGTH = 4096      # a reduction shorter than this is never split: one block takes it in a few steps
@@ -43,7 +44,7 @@ def splittable_reductions(kernel: UOp) -> list[UOp] | None:
   return reds
 
 
-def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> GridOpt | None:
+def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> Opt | None:
   """The heuristic for a kernel of reductions of few, long rows: `split_reduce(axis, parts)`, or None where the
   kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
   a column reduction one thread an output: when that, times the outputs, is less than the GPU holds at once
@@ -62,10 +63,10 @@ def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) ->
   chunk = SPLIT_MIN_ROW_CHUNK if rows else SPLIT_MIN_COLUMN_CHUNK
   best = max(((parts, -a) for a in sorted(axes) for parts in _divisors(shape[a])
               if 2 <= parts <= most and length // parts >= chunk), default=None)
-  return None if best is None else GridOpt(GridKind.SPLIT, -best[1], best[0])
+  return None if best is None else Opt(OptKind.SPLIT_REDUCE, -best[1], best[0])
 
 
-def split_reduction(kernel: UOp, opt: GridOpt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+def split_reduction(kernel: UOp, opt: Opt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
   """(partials, combine, scratch buffers) carrying out `split_reduce(axis, parts)` on a kernel `split_reduction_plan`
   chose: each reduction's source is read reshaped with `axis` split into (parts, its length / parts); the first kernel
   reduces every axis the reductions reduced but keeps `parts` (one partial per part) and stores the partials of each

@@ -4,7 +4,8 @@ Each stage is a named rule set applied with graph_rewrite under its name (so REW
 a context made per application (`make_ctx`) and, where a stage has one, a `prepare(ctx, root)` called before its rules:
 it fills the context with an index the rules look things up in, or a policy's choice (a kernel's plan); it never
 rewrites.
-Stages of scope "graph" rewrite the whole tensor graph; "schedule" rewrites the SINK of kernels; "kernel" rewrites
+Stages of scope "graph" rewrite the whole tensor graph; "gradient" is asked node by node by the reverse walk of
+rules/gradient.py (backward); "schedule" rewrites the SINK of kernels; "kernel" rewrites
 one kernel at a time; "host" rewrites the host program (rules/host.py: steps, then memory). A user adds a rule set before or after a stage, or replaces one, with `pipeline.insert`,
 `pipeline.replace` (see docs/rules.md).
 """
@@ -23,17 +24,18 @@ from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
 from .opt.rows import cpu_rows_fit
-from .gpu import fuse_rules, FuseContext, grid_plan_rules, choose_grid_plan, grid_rules, GridContext, gpu_index_rules
+from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
+from .gradient import gradient_rules
 
 
 @dataclass
 class Stage:
   name: str
   rules: PatternMatcher
-  scope: str                                    # "graph", "schedule" or "kernel"
+  scope: str                                    # "graph", "schedule", "kernel", "host" or "gradient"
   make_ctx: Callable[[Any], Any] | None = None  # run -> ctx for one application
   top_down: bool = False
   origin: str = "graft"                         # where the rule set comes from (a user's module, say)
@@ -53,8 +55,8 @@ class Run:
   group: GroupDecisions | None = None
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
-  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage
-  grid: GridContext | None = None  # the kernel's grid plan, made by the gpu stage for the gpu stages after it
+  opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage (a
+                              # caller may preset one: a policy, a GPU's SM count)
   host: HostContext | None = None  # set by the runtime before the host stages run
 
 
@@ -75,14 +77,9 @@ def _fuse_ctx(run: Run) -> FuseContext:
   return run.fuse
 
 
-def _grid_ctx(run: Run) -> GridContext:
-  # a fresh context per kernel; what a caller preset (a policy, the device's SM count) is kept
-  run.grid = GridContext() if run.grid is None else GridContext(choose=run.grid.choose, multiprocessors=run.grid.multiprocessors)
-  return run.grid
-
-
 def _tensor_core_ctx(run: Run) -> TensorCoreContext:
-  return TensorCoreContext(multiprocessors=run.grid.multiprocessors if run.grid is not None else TensorCoreContext.multiprocessors)
+  sms = run.opt.multiprocessors if run.opt is not None else TensorCoreContext.multiprocessors
+  return TensorCoreContext(multiprocessors=sms)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host
@@ -160,18 +157,23 @@ pipeline = Pipeline([
   Stage("lower", lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
   Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
-  # a 16-bit product on tensor cores; a kernel it maps is mapped already for the gpu stages (rules/opt/tensor_core.py)
+  # a 16-bit product on tensor cores; a kernel it maps is mapped already for the opt stages (rules/opt/tensor_core.py)
   Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
-  Stage("gpu", grid_plan_rules, "kernel", _grid_ctx, applies=_on_device_loops, prepare=choose_grid_plan),
-  Stage("gpu_grid", grid_rules, "kernel", lambda run: run.grid, applies=_on_device_loops),
-  Stage("gpu_index", gpu_index_rules, "kernel", applies=_on_device_loops),
-  # the opt stage's plan is chosen by a policy (choose_plan) before its rule records it on the kernel
+  # the opt stage's plan is chosen by a policy (choose_plan: the device's heuristic, the search's pick) before its rule
+  # records it on the kernel; on a GPU the loops and parts its global, local and group records name become block and
+  # thread indices (opt_grid) once split and packed, before the register tiles are unrolled
   Stage("opt", plan_rules, "kernel", opt_context, prepare=choose_plan),
-  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES[:4]),
+  Stage("opt_grid", grid_rules, "kernel", opt_context, applies=_on_device_loops, prepare=lay_out_grid),
+  Stage("opt_grid_index", gpu_index_rules, "kernel", applies=_on_device_loops),
+  *(Stage(name, rules, "kernel", opt_context) for name, rules in OPT_STAGES[4:]),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),
   Stage("memory", memory_rules, "host", _host_ctx, prepare=index_lifetimes),
+  # not a pass over a graph: the reverse walk of rules/gradient.py asks the stages of this scope, in order, for the
+  # gradient of each node's sources (a user's rule set inserted before it answers first)
+  Stage("gradient", gradient_rules, "gradient"),
 ])
 
 

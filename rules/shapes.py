@@ -10,7 +10,7 @@ from rewrite import UOp, Ops, GroupOp
 _shapes: weakref.WeakKeyDictionary[UOp, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
 # ops whose shape is their first source's: elementwise ops (sources share one shape) and whole-tensor wrappers
-_like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.NOOP}
+_like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.NOOP, Ops.DETACH}
 
 
 def shape_of(u: UOp) -> tuple[int, ...]:

@@ -22,7 +22,8 @@ from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
-from rules.gpu import launch_dims, GridContext, MULTIPROCESSORS
+from rules.gpu import launch_dims, MULTIPROCESSORS
+from rules.opt import OptContext
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
@@ -81,7 +82,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if (sms := _multiprocessors(device, device_loops)): run.grid = GridContext(multiprocessors=sms)
+  if (sms := _multiprocessors(device, device_loops)): run.opt = OptContext(device_loops=True, multiprocessors=sms)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
@@ -166,8 +167,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
     with viz.scope("realize") as recorded:
       program = _build(_lower(uops, list(devices), targets), params)
-    recorded.name = f"{len(program.kernels_called())} kernels, {len(program.steps)} steps"
-    recorded.attrs["program"] = str(program)
+    _describe(recorded, program)
     with _lock:
       if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
       _plans[key] = program
@@ -290,8 +290,17 @@ def plan(outputs: list[tuple[UOp, str]], device: str | None = None) -> Program:
     stand_in = {n: UOp(Ops.BUFFER, n.dtype, (), NewBuffer(n.arg.size, device, -1 - i))
                 for i, n in enumerate(n for u in uops for n in u.toposort if n.op is Ops.BUFFER and n.arg.device != device)}
     uops, devices = [substitute(u, stand_in) for u in uops], [device] * len(uops)
-  low = _lower(uops, devices, [None] * len(uops), to_run=False)
-  return Program(low.host, low.kernels, low.returned, low.outputs, graph_key(uops)[1])
+  with viz.scope("plan") as recorded:
+    low = _lower(uops, devices, [None] * len(uops), to_run=False)
+  program = Program(low.host, low.kernels, low.returned, low.outputs, graph_key(uops)[1])
+  _describe(recorded, program, " (planned, not run)")
+  return program
+
+
+def _describe(recorded: viz.Scope, program: Program, note: str = "") -> None:
+  """What the viewer's page says of a realize (or a plan) it recorded: its size, and the host program."""
+  recorded.name = f"{len(program.kernels_called())} kernels, {len(program.steps)} steps{note}"
+  recorded.attrs["program"] = str(program)
 
 
 def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) -> list[str]:

@@ -32,11 +32,19 @@ def search_width() -> int:
   return env_number("GRAFT_SEARCH", 0, "a beam width (0: no search)")
 
 
-def plan_key(norm: UOp, device: str) -> str:
+def plan_key(norm: UOp, device: str, device_loops: bool = False) -> str:
   from .cpu import machine_identity
   h = hashlib.sha256()
-  for part in (str(VERSION), device, str(pipeline.version), machine_identity(), norm.pretty()): h.update(part.encode() + b"\0")
+  gpu = _gpu_identity(device) if device_loops else ""
+  for part in (str(VERSION), device, gpu, str(pipeline.version), machine_identity(), norm.pretty()): h.update(part.encode() + b"\0")
   return h.hexdigest()
+
+
+def _gpu_identity(device: str) -> str:
+  """The GPU a plan was timed on (its architecture and SM count): another GPU searches again."""
+  try: dev = get_device(device)
+  except RuntimeError: return "no device"
+  return f"{getattr(dev, 'arch', '')} {getattr(dev, 'multiprocessor_count', '')}"
 
 
 def _plan_path(key: str):
@@ -62,44 +70,54 @@ def given(plan: Plan):
   return choose
 
 
-def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None) -> tuple[UOp, OptContext]:
+def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None, multiprocessors: int | None = None) -> tuple[UOp, OptContext]:
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
   run.opt = OptContext(device_loops=device_loops, choose=given(plan) if plan is not None else None)
+  if multiprocessors: run.opt.multiprocessors = multiprocessors
   return lower_kernel(norm, run), run.opt
 
 
 def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
-  """The kernel's linear form, lowered with the plan from the cache, the search or the heuristic (see above)."""
-  if run.device_loops: return lower_kernel(norm, run)
-  key = plan_key(norm, device)
+  """The kernel's linear form, lowered with the plan from the cache, the search or the heuristic (see above), on a
+  CPU or a GPU (the GPU's SM count, preset in run.opt by the caller, is kept)."""
+  sms = run.opt.multiprocessors if run.opt is not None else None
+  def context(plan: Plan | None = None) -> OptContext:
+    ctx = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel, choose=given(plan) if plan else None)
+    if sms: ctx.multiprocessors = sms
+    return ctx
+  key = plan_key(norm, device, run.device_loops)
   if (opts := load_plan(key)) is not None:
-    run.opt = OptContext(choose=given(Plan(opts, "cache")))
+    run.opt = context(Plan(opts, "cache"))
     try: return lower_kernel(norm, run)
     except Exception as e:
       if not isinstance(getattr(e, "__cause__", None), InvalidPlan) and not isinstance(e, InvalidPlan): raise
-  run.opt = None
+  run.opt = context()
   if (width := search_width()) == 0: return lower_kernel(norm, run)
   with viz.paused():   # the heuristic's lowering and every candidate's: a viewer shows the winner's only
     lower_kernel(norm, run)
-    best = search(norm, buffers, device, run.opt, width)
+    best = search(norm, buffers, device, run.opt, width, run.device_loops)
   save_plan(key, best.opts)
-  run.opt = OptContext(choose=given(Plan(best.opts, "search")))
+  run.opt = context(Plan(best.opts, "search"))
   return lower_kernel(norm, run)
 
 
 # ---------------------------------------------------------------- the search
 
-def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: int = 3) -> float:
+def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: int = 3, device_loops: bool = False,
+              multiprocessors: int | None = None) -> float:
   """Seconds one call of the kernel takes with `plan` (the best of `repeats`), on fresh buffers of its sizes."""
-  linear, _ = lower_with(norm, device, False, plan)
+  from rules.gpu import launch_dims
+  linear, _ = lower_with(norm, device, device_loops, plan, multiprocessors)
   dev = get_device(device)
   name = f"search_{hashlib.sha1(repr(plan.opts).encode()).hexdigest()[:8]}"
   prog = dev.build(dev.renderer.source([dev.renderer.render(name, linear)]), [name])[name]
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   bufs = [test_buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
   handles = [b.handle for b in bufs]
-  prog(*handles, wait=True)   # first touch of the memory
-  return min(prog(*handles, wait=True) for _ in range(repeats))
+  dims = launch_dims(linear) if device_loops else None
+  launch = {"global_size": dims[0], "local_size": dims[1]} if dims else {}
+  prog(*handles, **launch, wait=True)   # first touch of the memory
+  return min(prog(*handles, **launch, wait=True) for _ in range(repeats))
 
 
 def test_buffer(device: str, size: int, dtype) -> Buffer:
@@ -135,7 +153,7 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
   return plans
 
 
-def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, width: int) -> Plan:
+def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, width: int, device_loops: bool = False) -> Plan:
   axes = sorted(heuristic.axis_of, key=heuristic.axis_of.get)
   sizes, kinds = [r.src[0].arg for r in axes], [r.arg[0] for r in axes]
   seconds = env_number("GRAFT_SEARCH_SECONDS", 20.0, "the seconds a search may spend on a kernel", kind=float)
@@ -145,8 +163,8 @@ def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, wi
   def measure(p: Plan) -> float:
     if p.opts not in timed:
       try:
-        check_plan(p, axes)
-        timed[p.opts] = time_plan(norm, buffers, device, p)
+        check_plan(p, axes, device_loops)
+        timed[p.opts] = time_plan(norm, buffers, device, p, device_loops=device_loops, multiprocessors=heuristic.multiprocessors)
       except (InvalidPlan, CompileError, ValueError, TypeError, NotImplementedError): timed[p.opts] = float("inf")
       except Exception as e:
         if not isinstance(e.__cause__, (InvalidPlan, ValueError, TypeError, NotImplementedError)): raise
@@ -156,12 +174,13 @@ def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, wi
   best = min(beam, key=measure)
   with Progress(f"plan search {'x'.join(map(str, sizes))}") as progress:
     def news(rounds: int) -> str:
-      return (f"round {rounds}, {len(timed)} plans timed, best {min(timed.values()) * 1e3:.3f} ms (heuristic "
-              f"{timed[heuristic.plan.opts] * 1e3:.3f} ms), {time.perf_counter() - start:.1f} of {seconds:g} s")
+      return (f"round {rounds}, best {min(timed.values()) * 1e3:.3f} ms (heuristic {timed[heuristic.plan.opts] * 1e3:.3f} "
+              f"ms), {len(timed)} plans timed, {time.perf_counter() - start:.1f} of {seconds:g} s")
     rounds = 0
     while time.perf_counter() < budget:
       rounds += 1
-      candidates = [c for p in beam for c in neighbours(p, sizes, kinds) if c.opts not in timed]
+      near = gpu_neighbours if device_loops else neighbours
+      candidates = [c for p in beam for c in near(p, sizes, kinds) if c.opts not in timed]
       for c in candidates:
         if time.perf_counter() > budget: break
         measure(c)
@@ -171,4 +190,27 @@ def search(norm: UOp, buffers: list[UOp], device: str, heuristic: OptContext, wi
       if improved: best = beam[0]
       progress.line(news(rounds) + ("" if improved else ": no better plan, done"))
       if not improved: break
+    if rounds == 0: progress.line(f"the budget ({seconds:g} s) went on timing the heuristic's plan: {timed[best.opts] * 1e3:.3f} ms")
   return Plan(best.opts, "search")
+
+
+def gpu_neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
+  """A GPU plan's neighbours: another amount for one of its records (lanes, rows per thread, a tile's registers or
+  lanes, the slice of a reduction staged at once, the blocks grouped for L2), or one record fewer. Invalid ones are
+  refused by the check and skipped."""
+  out = []
+  opts = plan.opts
+  for i, o in enumerate(opts):
+    if o.kind is not OptKind.GLOBAL or o.axis < 0: out.append(opts[:i] + opts[i + 1:])
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+      if n != o.amount and (o.kind in (OptKind.LOCAL, OptKind.GROUP, OptKind.UPCAST, OptKind.SPLIT) or (o.kind is OptKind.GLOBAL and o.amount)):
+        out.append(tuple(Opt(p.kind, p.axis, n) if p is o else p for p in opts))
+  # every lane record of a rows plan carries the same lanes: change them together
+  lanes = [o for o in opts if o.kind in (OptKind.LOCAL, OptKind.GROUP) and o.axis >= 0]
+  if lanes and not any(o.kind in (OptKind.SPLIT, OptKind.PACK) for o in opts):
+    for n in (32, 64, 128, 256, 512, 1024):
+      out.append(tuple(Opt(p.kind, p.axis, n) if p in lanes else p for p in opts))
+  seen, plans = set(), []
+  for p in out:
+    if p not in seen: seen.add(p); plans.append(Plan(p, "search"))
+  return plans

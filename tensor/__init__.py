@@ -5,6 +5,7 @@ from rewrite import dtypes
 from .tensor import Tensor
 from .random import manual_seed
 from .args import AxisError
+from .autograd import no_grad
 from .jit import jit, JitError
 
-__all__ = ["Tensor", "dtypes", "manual_seed", "AxisError", "jit", "JitError"]
+__all__ = ["Tensor", "dtypes", "manual_seed", "AxisError", "no_grad", "jit", "JitError"]

@@ -187,25 +187,46 @@ def assign(target, value) -> None:
 
 def write(target, view: View, value) -> None:
   """Write tensor `value` (already of view.shape, checked) into the memory target views, at `view` of that memory."""
+  write_many([(target, view, value)])
+
+
+def write_many(writes: list, also=()) -> None:
+  """Each (target, view, value) of `writes` (targets views of memory, values checked, no two targets one memory)
+  written as by write(), all in ONE realize, which also realizes the tensors of `also` (an optimizer's step: every
+  parameter and state, and the gradients and loss its updates read). Every value reads the old contents of every
+  target."""
   from runtime.realize import realize
-  if view.size == 0: return
-  if any(st == 0 and n > 1 for n, st in zip(view.shape, view.strides)):
-    raise ValueError(f"an in-place update of {view.shape} elements of which several are one element in memory (a "
-                     f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
-  old, value_uop = target.uop.src[0], value.uop   # (value may itself be a view of the target: re-pointed below)
-  buf = old.arg
-  reads_target = old in value_uop.toposort
-  views = [(t, e.view) for t, e in _viewers(buf)]
-  holder = weakref.ref(old)
-  for t, _ in views: t.uop = None   # let go of the old version, to see who else holds it
-  del old
-  dest = buf
-  try:
-    earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
-    if earlier_readers: dest = buf.split_version()
-  finally:
-    node = UOp(Ops.BUFFER, dest.dtype, (), dest)
-    for t, v in views:
-      t.uop = UOp(Ops.VIEW, dest.dtype, (node,), v)
-      _register(t, dest, v)
-  realize([(value_uop, target.device)], targets=[(node, view)])
+  writes = [(t, v, x) for t, v, x in writes if v.size != 0]
+  for _, view, _ in writes:
+    if any(st == 0 and n > 1 for n, st in zip(view.shape, view.strides)):
+      raise ValueError(f"an in-place update of {view.shape} elements of which several are one element in memory (a "
+                       f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
+  if not writes: return
+  also = [r for r in dict.fromkeys(to_realize(a) for a in also if not a.is_realized) if r is not None and not r.is_realized]
+  value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
+  read: set = set()
+  for u in value_uops + [a.uop for a in also]: read.update(u.toposort)
+  nodes = []
+  for target, _, _ in writes:
+    old = target.uop.src[0]
+    buf = old.arg
+    reads_target = old in read
+    views = [(t, e.view) for t, e in _viewers(buf)]
+    holder = weakref.ref(old)
+    for t, _ in views: t.uop = None   # let go of the old version, to see who else holds it
+    del old
+    dest = buf
+    try:
+      earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
+      if earlier_readers: dest = buf.split_version()
+    finally:
+      node = UOp(Ops.BUFFER, dest.dtype, (), dest)
+      for t, v in views:
+        t.uop = UOp(Ops.VIEW, dest.dtype, (node,), v)
+        _register(t, dest, v)
+    nodes.append(node)
+  outs = realize([(u, t.device) for u, (t, _, _) in zip(value_uops, writes)] + [(a.uop, a.device) for a in also],
+                 targets=[(node, view) for node, (_, view, _) in zip(nodes, writes)] + [None] * len(also))
+  for a, u in zip(also, outs[len(writes):]):
+    a.uop = u
+    realized(a)

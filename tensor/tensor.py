@@ -23,6 +23,7 @@ from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
 from .assign import note, realized, is_view, setitem, assign, to_realize
+from .autograd import AutogradMixin, grad_enabled
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -32,16 +33,24 @@ def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
   return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
 
 
-class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin):
-  """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None)` takes a numpy
-  array (its dtype is kept), nested lists or a Python scalar (int -> int32, float -> float32, bool -> bool).
+class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
+  """An n-dimensional array on one device, computed lazily. `Tensor(data, dtype=None, device=None,
+  requires_grad=False)` takes a numpy array (its dtype is kept), nested lists or a Python scalar (int -> int32,
+  float -> float32, bool -> bool); `requires_grad=True` makes it a target of `backward()` (tensor/autograd.py).
   bfloat16 (which numpy lacks) is made from float data with `dtype=dtypes.bfloat16` (rounded to nearest even) and
   `numpy()` gives its values as float32 (exactly); `Tensor.from_bf16_bits` / `bf16_bits()` move the raw uint16 bits."""
-  __slots__ = ("uop", "shape", "device", "__weakref__")  # (weak references: the registry of views, assign.py)
+  # _requires_grad and grad belong to the gradient API (tensor/autograd.py); weak references: the registry of views
+  # (assign.py) and of tensors that require gradients (autograd.py)
+  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
   __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
 
-  def __init__(self, data, dtype=None, device=None):
+  def __init__(self, data, dtype=None, device=None, requires_grad: bool = False):
+    self._requires_grad, self.grad = False, None
+    self._init(data, dtype, device)
+    if requires_grad: self.requires_grad = True
+
+  def _init(self, data, dtype, device):
     device = device_name(device)
     dt = None if dtype is None else to_dtype(dtype)
     if isinstance(data, Tensor):
@@ -63,11 +72,14 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin)
   @classmethod
   def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
     t = object.__new__(cls)
-    t.uop, t.shape, t.device = uop, tuple(shape), device
+    t.uop, t.shape, t.device, t._requires_grad, t.grad = uop, tuple(shape), device, False, None
     return note(t)   # the memory it views, if it is a view of memory (tensor/assign.py)
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
-    """A tensor on this one's device (of this one's shape unless told)."""
+    """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
+    no gradient and stay as they are)."""
+    if not grad_enabled() and not (uop.op is Ops.VIEW and uop.src[0].op is Ops.CONST) and uop.op is not Ops.DETACH:
+      uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     return self._from_uop(uop, self.shape if shape is None else shape, self.device)
 
   def _const(self, value, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Tensor:

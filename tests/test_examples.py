@@ -12,7 +12,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["mlp", "softmax", "conv", "attention", "gpt"])
+@pytest.mark.parametrize("name", ["mlp", "softmax", "conv", "attention", "gpt", "train_mlp", "train_gpt"])
 def test_example_runs(name, tmp_path):
   env = {**os.environ, "DEVICE": os.environ.get("DEVICE", "CPU"), "GRAFT_CACHE_DIR": str(tmp_path / "cache")}
   env.pop("DEBUG", None)  # debug output would only make the failure message longer

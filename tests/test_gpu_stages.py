@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rewrite import Ops, UOp, dtypes
-from rules.gpu import (MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, GridPlan, GridOpt, GridKind, GridContext,
-                       InvalidGridPlan)
+from rules.gpu import MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, InvalidGridPlan, lanes_of, rows_per_block, rows_per_thread
+from rules.opt import Opt, OptKind, Plan, OptContext
 from rules.gpu_split import split_reduction_plan
 from rules.pipeline import Run, lower_kernel, schedule, pipeline
 from rules.host import HostContext
@@ -44,8 +44,15 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
     while pc < len(src):
       u = src[pc]
       if u.op is Ops.DEFINE_GLOBAL: val[u] = memory[u.arg]
+      # a shared tile: one array per block (threads run in lockstep here, so a barrier only has to exist: the
+      # structure tests check where it is)
+      elif u.op is Ops.DEFINE_LOCAL: val[u] = np.zeros((shape[0], u.arg[1]), u.dtype.base.np)
+      elif u.op is Ops.BARRIER and u.src[0].op is Ops.DEFINE_LOCAL: val[u] = val[u.src[0]]
       elif u.op is Ops.SPECIAL: val[u] = np.arange(u.arg[1], dtype=np.int32).reshape((-1, 1) if u.arg[0][0] == "g" else (1, -1))
-      elif u.op is Ops.INDEX: val[u] = (v(u.src[0]), np.broadcast_to(v(u.src[1]), shape))
+      elif u.op is Ops.INDEX:
+        buf, idx = v(u.src[0]), np.broadcast_to(v(u.src[1]), shape)
+        # a block's own row of a shared tile
+        val[u] = (buf.reshape(-1), idx + np.arange(shape[0]).reshape(-1, 1) * buf.shape[1]) if buf.ndim == 2 else (buf, idx)
       elif u.op is Ops.LOAD:
         buf, idx = v(u.src[0])
         if len(u.src) == 1: val[u] = buf[idx]
@@ -101,10 +108,13 @@ def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS, s
   for step in steps:
     if step.op in (Ops.ALLOC, Ops.FREE): continue
     assert step.op is Ops.CALL
-    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors)))
+    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors)))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
     run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
+
+
+def gpu(**kw) -> OptContext: return OptContext(device_loops=True, **kw)
 
 
 def T(*shape): return Tensor(rng.standard_normal(shape).astype(np.float32), device="CPU")
@@ -155,55 +165,55 @@ def test_row_reductions_of_other_dtypes(shape):
   for g, w in zip(got, want): np.testing.assert_array_equal(g, w)
 
 
-def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> GridPlan:
+def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> Plan:
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=multiprocessors))
+  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors))
   lower_kernel(normalize(kernels[0])[0], run)
-  return run.grid.plan
+  return run.opt.plan
 
 
 def test_grid_plans_are_data_the_heuristic_chooses():
   # one thread per element: every output loop a row, FLAT_THREADS rows a block
-  assert str(plan_of(T(32, 48) + 1)) == f"block(0) block(1) rows(-1, {FLAT_THREADS}) [heuristic]"
+  assert str(plan_of(T(32, 48) + 1)) == f"global(0) global(1) local(-1, {FLAT_THREADS}) [heuristic]"
   # a short row: a warp of lanes per row (loops 1: the columns, 2 and 3: the max and the sum), 4 rows a block
-  assert str(plan_of(T(32, 48).softmax(1))) == "block(0) thread(1, 32) thread(3, 32) thread(2, 32) rows(-1, 4) [heuristic]"
+  assert str(plan_of(T(32, 48).softmax(1))) == "global(0) local(1, 32) group(3, 32) group(2, 32) local(-1, 4) [heuristic]"
   # rows of 7: 8 lanes each, 16 rows a block; a long row: a block of lanes, 16 elements or fewer each
-  assert plan_of(T(300, 7).sum(1)).lanes == 8 and plan_of(T(300, 7).sum(1)).rows_per_block == 16
-  assert plan_of(T(64, 4096).sum(1), multiprocessors=1).lanes == 256 and plan_of(T(4, 4096).sum(1)).rows_per_block == 1
+  assert lanes_of(plan_of(T(300, 7).sum(1))) == 8 and rows_per_block(plan_of(T(300, 7).sum(1))) == 16
+  assert lanes_of(plan_of(T(64, 4096).sum(1), multiprocessors=1)) == 256 and rows_per_block(plan_of(T(4, 4096).sum(1))) == 1
   # ... and more lanes where the rows would not fill the multiprocessors (2048 threads each) otherwise
-  assert plan_of(T(4, 4096).sum(1), multiprocessors=1).lanes == 512 and plan_of(T(4, 4096).sum(1)).lanes == 1024
+  assert lanes_of(plan_of(T(4, 4096).sum(1), multiprocessors=1)) == 512 and lanes_of(plan_of(T(4, 4096).sum(1))) == 1024
 
 
 def test_a_given_grid_plan_is_carried_out_and_a_bad_one_refused():
   x = T(8, 40)
   kernels, _ = schedule([x.sum(1).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
   norm, bufs = normalize(kernels[0])
-  mine = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64)))
-  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: mine))
+  mine = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 64)))
+  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda sink, loops: mine))
   linear = lower_kernel(norm, run)
   assert launch_dims(linear) == ((8, 1, 1), (64, 1, 1))
   out = np.zeros(8, np.float32)
   run_grid(linear, {0: out, 1: bufs[1].arg.numpy()})
   np.testing.assert_allclose(out, x.numpy().sum(1), rtol=1e-5)
-  bad = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 64), GridOpt(GridKind.ROWS, -1, 2)))
-  odd_lanes = GridPlan((GridOpt(GridKind.BLOCK, 0), GridOpt(GridKind.THREAD, 1, 24), GridOpt(GridKind.ROWS, -1, 4)))
-  for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (GridPlan(()), "not planned")):
+  bad = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 64), Opt(OptKind.LOCAL, -1, 2)))
+  odd_lanes = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 24), Opt(OptKind.LOCAL, -1, 4)))
+  for plan, why in ((bad, "not a block"), (odd_lanes, "power of two"), (Plan(()), "not planned")):
     # the plan is checked where the policy gives it, before any rule runs; the error says which stage asked
     with pytest.raises(InvalidGridPlan, match=why) as err:
-      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, grid=GridContext(choose=lambda sink, loops: plan)))
-    assert any("preparing stage 'gpu'" in note for note in err.value.__notes__)
+      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda sink, loops: plan)))
+    assert any("preparing stage 'opt'" in note for note in err.value.__notes__)
 
 
 def test_the_grid_stages_carry_on_from_a_users_stage_before_them():
   # the plan is made from the kernel as the stages before it left it (no stage is re-run privately): a user's rule
-  # set inserted before the gpu stage, here doubling every stored value, is in what the grid runs
+  # set inserted before the opt stage, here doubling every stored value, is in what the grid runs
   from rewrite import UPat, PatternMatcher
   from rules.pipeline import pipeline
   def store_twice_the_value(i, v):
     return None if v.op is Ops.MUL and v.src[1].op is Ops.CONST and v.src[1].arg == 2.0 else UOp(Ops.STORE, dtypes.void, (i, v * 2.0))
   mine = PatternMatcher([(UPat(Ops.STORE, src=(UPat.var("i"), UPat.var("v"))), store_twice_the_value)], name="double_stores")
   x = T(32, 48)
-  pipeline.insert("gpu", mine, where="before")
+  pipeline.insert("opt", mine, where="before")
   try: got = run_on_model_gpu(x.softmax(1))[0]
   finally: pipeline.remove("double_stores")
   np.testing.assert_allclose(got, 2 * softmax(x.numpy(), 1), rtol=2e-4, atol=2e-4)
@@ -217,15 +227,15 @@ def test_elementwise_views_and_odd_sizes():
   for g, w in zip(got, want): np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape, rows_per_thread", [((200, 300), 4), ((129, 200), 2), ((3, 5), 1)])
-def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, rows_per_thread):
+@pytest.mark.parametrize("shape, per_thread", [((200, 300), 4), ((129, 200), 2), ((3, 5), 1)])
+def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, per_thread):
   # on a GPU of one multiprocessor a small grid fills it: each thread takes 2 or 4 elements, FLAT_THREADS apart
   x, y = T(*shape), T(shape[1])
   t = ((x * y + 1).exp() - x).relu()
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, grid=GridContext(multiprocessors=1))
+  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=1))
   lower_kernel(normalize(kernels[0])[0], run)
-  assert run.grid.plan.rows_per_thread == rows_per_thread
+  assert rows_per_thread(run.opt.plan) == per_thread
   got = run_on_model_gpu(t, x.sum(1), multiprocessors=1)
   np.testing.assert_allclose(got[0], np.maximum(np.exp(x.numpy() * y.numpy() + 1) - x.numpy(), 0), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(got[1], x.numpy().sum(1), rtol=2e-4, atol=2e-4)
@@ -286,10 +296,10 @@ def test_the_split_heuristic_spreads_few_long_rows_over_the_gpu_and_leaves_the_r
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
     return [split_reduction_plan(k) for k in kernels]
   # a row reduction: partial blocks for two waves of the GPU, each at least SPLIT_MIN_ROW_CHUNK long; the outer axis
-  assert plan(T(1024, 1024).sum()) == [GridOpt(GridKind.SPLIT, 0, 512)] and repr(plan(T(1024, 1024).sum())[0]) == "split_reduce(0, 512)"
-  assert plan(T(4, 65536).sum(1)) == [GridOpt(GridKind.SPLIT, 1, 32)]
+  assert plan(T(1024, 1024).sum()) == [Opt(OptKind.SPLIT_REDUCE, 0, 512)] and repr(plan(T(1024, 1024).sum())[0]) == "split_reduce(0, 512)"
+  assert plan(T(4, 65536).sum(1)) == [Opt(OptKind.SPLIT_REDUCE, 1, 32)]
   # a column reduction: a thread per partial, one wave of them
-  assert plan(T(8192, 96).sum(0)) == [GridOpt(GridKind.SPLIT, 0, 256)]
+  assert plan(T(8192, 96).sum(0)) == [Opt(OptKind.SPLIT_REDUCE, 0, 256)]
   # many rows fill the GPU already; short rows, lengths without a divisor, reductions of several shapes: not split
   # a reduction nested in another (x.mean() inlined into x.var()'s kernel by gpu_fuse): not split either
   for t in (T(4096, 4096).sum(1), T(64, 2048).sum(1), T(4099).sum(), T(1024, 1024).softmax(1), T(32, 48) + 1,
@@ -330,6 +340,5 @@ def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fir
 
 
 def test_a_split_record_in_a_kernels_grid_plan_is_refused():
-  from rules.gpu import GridPlan, GridKind, InvalidGridPlan, check_grid_plan
-  from rules.opt import Opt
-  with pytest.raises(InvalidGridPlan, match="host stage's record"): check_grid_plan(GridPlan((Opt(GridKind.SPLIT, 1, 4),)), [])
+  from rules.gpu import check_gpu_plan
+  with pytest.raises(InvalidGridPlan, match="host stage's record"): check_gpu_plan(Plan((Opt(OptKind.SPLIT_REDUCE, 1, 4),)), [])

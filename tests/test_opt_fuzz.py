@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 from tensor import Tensor
-from rules.opt import Opt, OptKind, Plan, InvalidPlan, check_plan
+from rules.opt import Opt, OptKind, Plan, InvalidPlan, check_plan, CPU_KINDS
 from runtime.search import lower_with
 from tests.opt_helpers import the_kernel, run_with
 
@@ -51,7 +51,7 @@ def random_plan(rng: random.Random, sizes: list[int], kinds: list[str]) -> Plan:
   left, opts = list(sizes), []
   for _ in range(rng.randrange(1, 6)):
     axis = rng.randrange(len(sizes))
-    kind = rng.choice(list(OptKind))
+    kind = rng.choice(list(CPU_KINDS))
     if kind is OptKind.VECTOR and any(o.kind is kind for o in opts): continue
     if kind in (OptKind.SPLIT, OptKind.UPCAST, OptKind.VECTOR):
       divisors = [n for n in range(2, left[axis] + 1) if left[axis] % n == 0 and n <= 16 and (kind is not OptKind.VECTOR or n & (n - 1) == 0)]

@@ -124,6 +124,17 @@ def test_nothing_is_recorded_while_paused_or_off():
   assert viz.recorder is None and graph_rewrite(e, rules) is UOp.const(dtypes.float32, 2.0)
 
 
+def test_kernel_sources_are_recorded_as_a_plan(on_cpu):
+  import numpy as np
+  from tensor import Tensor
+  y = Tensor(np.arange(6, dtype=np.float32)) * 2 + 1
+  with viz.record() as rec: y.kernel_sources()
+  (plan,) = rec.root.items
+  assert plan.kind == "plan" and plan.name == "1 kernels, 1 steps (planned, not run)" and "call" in plan.attrs["program"]
+  (kernel,) = [s for s in plan.items if isinstance(s, viz.Scope)]
+  assert kernel.kind == "kernel" and kernel.name.startswith("E_6_") and kernel.name in kernel.attrs["source"]
+
+
 def test_pages_split_big_graphs_and_draw_every_node(tmp_path):
   if not layout.available(): pytest.skip("Graphviz's dot is not installed")
   x = UOp.variable("x", 0, 10)

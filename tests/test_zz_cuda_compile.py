@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rewrite import Ops
-from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, GridContext, launch_dims
+from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, launch_dims
+from rules.opt import OptContext
 from rules.gpu_split import split_reduction_plan, split_reduction
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
@@ -57,6 +58,10 @@ def programs():
     [x.half() * 2, x.half().sum(1), x.half().max(1), x.int().sum(1), (x > 0).any(1), (x > 0).all(0),
      x.cast(np.int8).max(1), x.double().sum(0), x.long() + 3, Tensor.arange(1000, device="CPU").float().sum()],
     [Tensor.rand(64, 33, seed=1, device="CPU"), Tensor.eye(5, device="CPU")],
+    # products whose sizes divide a tile: shared-memory tiles, register tiles, fused epilogues and prologues
+    [t(2048, 64) @ t(64, 2048), ((t(1024, 64) @ t(64, 512)) + t(512)).gelu(), t(256, 32) @ t(128, 32).T,
+     t(4, 128, 32) @ t(4, 32, 64), (t(256, 64) * 2).relu() @ t(64, 256), (t(256, 64) @ t(64, 256)).half(),
+     (t(256, 64).layernorm(1) * t(64)) @ t(64, 256) + t(256)],
     # few, long rows, one a group (reductions of one shape would share a kernel): each also split into partials and
     # their combine (below)
     *([r] for r in long_reductions()),
@@ -90,7 +95,7 @@ def test_every_kernel_compiles_for_cuda(tmp_path):
   # each kernel planned for the default GPU and for one of a single multiprocessor, where a thread takes several
   # elements of even a small kernel
   for norm, sms in itertools.product(kernels, (MULTIPROCESSORS, 1)):
-    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True, grid=GridContext(multiprocessors=sms)))
+    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True, opt=OptContext(device_loops=True, multiprocessors=sms)))
     dims = launch_dims(linear)
     if dims is not None:
       (blocks, *_), (threads, *_) = dims

@@ -57,7 +57,7 @@ function stageEntry(r) {
 }
 function scopeEntry(s, ordinal) {
   const d = el("details", { class: "nav-" + s.kind });
-  const label = s.kind === "realize" ? `realize ${ordinal}: ${s.name}` : scopeTitle(s);
+  const label = s.kind === "kernel" ? scopeTitle(s) : `${s.kind} ${ordinal}: ${s.name}`;
   const sum = el("summary", { text: label });
   sum.addEventListener("click", (ev) => { if (ev.offsetX > 14) { ev.preventDefault(); d.open = true; showScope(s); } });
   d.append(sum);
@@ -70,13 +70,13 @@ function scopeEntry(s, ordinal) {
   };
   d.addEventListener("toggle", fill);
   d.fill = fill;
-  if (s.kind === "realize") { d.open = true; fill(); }
+  if (s.kind !== "kernel") { d.open = true; fill(); }   // a realize (or a plan) opens at once
   return d;
 }
 function buildNav() {
   let n = 0;
   for (const item of D.root.items) nav.append(item.items ? scopeEntry(item, ++n) : stageEntry(item));
-  const realizes = D.root.items.filter((i) => i.kind === "realize");
+  const realizes = D.root.items.filter((i) => i.kind === "realize" || i.kind === "plan");
   const kernels = scopes.filter((s) => s.kind === "kernel").length;
   document.getElementById("summary").textContent =
     `${D.command} · ${realizes.length} realizes, ${kernels} kernels, ${rewrites.length} rewrites, ${NODES.length} nodes · ${D.note || ""}`;

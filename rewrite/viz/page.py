@@ -16,8 +16,8 @@ import base64, gzip, inspect, json, os, re, sys, time
 from pathlib import Path
 from . import layout
 
-STEP_DRAWINGS = 50          # steps per rewrite drawn (each as its matched node and result, 2 levels of sources)
-MAX_STEP_DRAWINGS = 1500   # steps drawn in all (the rest are listed with their rule, without a drawing)
+STEP_DRAWINGS = 30          # steps per rewrite drawn (each as its matched node and result, 2 levels of sources)
+MAX_STEP_DRAWINGS = 800    # steps drawn in all (the rest are listed with their rule, without a drawing)
 
 
 _CHECKOUT = Path(__file__).resolve().parents[2]   # the folder holding rewrite/, rules/...

@@ -11,10 +11,13 @@ transformation, each its own stage, in this order:
 | opt_upcast | `upcast_rules` | upcast parts are unrolled: a register tile of copies sharing their loads |
 | opt_vector | `vector_rules` | the vector part becomes the lanes of vector values (loads, math, accumulators, stores) |
 
-A new kind of optimization (a GPU's block and thread axes, shared memory, tensor-core tiles) is a new `OptKind`, a
-rule set here and a line below: not a second mechanism.
+On a GPU (CUDA) the same plan also holds the GPU's kinds (global: blocks, local: lanes of a block, group: a reduction
+over lanes), and stage `opt_grid` (rules/gpu.py) maps them onto block and thread indices after opt_pack, where a pack
+record of a reduction loop stages operand tiles in shared memory; the GPU's heuristic is rules/gpu.py `gpu_plan`
+(rows) and rules/opt/gpu_tile.py (a product's tiles). A new kind of optimization (tensor-core tiles) is a new
+`OptKind`, a rule set and a stage: not a second mechanism.
 """
-from .plan import Opt, OptKind, Plan, OptContext, InvalidPlan, kernel_axes, check_plan, plan_rules, opt_context
+from .plan import Opt, OptKind, Plan, OptContext, InvalidPlan, kernel_axes, check_plan, plan_rules, opt_context, CPU_KINDS, GPU_KINDS
 from .pad import pad_rules
 from .split import split_rules
 from .upcast import upcast_rules
@@ -26,5 +29,5 @@ from .loops import loop_rules
 OPT_STAGES = [("opt_pad", pad_rules), ("opt_split", split_rules), ("opt_loops", loop_rules),
               ("opt_pack", pack_rules), ("opt_upcast", upcast_rules), ("opt_vector", vector_rules)]
 
-__all__ = ["Opt", "OptKind", "Plan", "OptContext", "InvalidPlan", "kernel_axes", "check_plan", "OPT_STAGES", "opt_context",
+__all__ = ["CPU_KINDS", "GPU_KINDS", "Opt", "OptKind", "Plan", "OptContext", "InvalidPlan", "kernel_axes", "check_plan", "OPT_STAGES", "opt_context",
            "plan_rules", "pad_rules", "split_rules", "pack_rules", "upcast_rules", "vector_rules", "loop_rules"]

@@ -24,7 +24,7 @@ from rewrite import UOp, Ops, dtypes
 from rules.symbolic import terms_of
 from rules.linearize import open_ranges, loop_work, nesting_key
 from .plan import Opt, OptKind, Plan
-from .pack import MAX_LOCAL_BYTES
+from .pack import MAX_LOCAL_BYTES, coefficient
 
 PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
 PANEL_BYTES = 128 << 10  # a packed panel of B this large stays in the L2 cache
@@ -41,11 +41,6 @@ def _has_avx512() -> bool:
   try:
     with open("/proc/cpuinfo") as f: return " avx512f" in f.read()
   except OSError: return False
-
-
-def coefficient(index: UOp, r: UOp) -> int:
-  """How far a flat index moves when loop r steps by one (0 if it does not depend on r linearly)."""
-  return sum(k for t, k in terms_of(index) if t is r)
 
 
 def loads_of(u: UOp) -> list[UOp]: return [n for n in u.toposort if n.op is Ops.LOAD]

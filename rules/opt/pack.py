@@ -11,11 +11,15 @@ It is filled by a loop nest of its own (RANGE kind "pack"), first inside the las
 the buffer is declared); the reads take
 `BARRIER(buffer, fill store, *fill loops)` as their buffer: a value that exists once the fill is done (the
 linearizer closes the fill loops there, as a REDUCE closes its loops). Values are unchanged.
+
+On a GPU (a tile plan, rules/opt/gpu_tile.py) a pack record names a reduction loop instead, and the rule is on the
+REDUCE (`stage_operands`): the factors of the product are staged, slice by slice, in the block's shared memory (`stage`).
 """
 from __future__ import annotations
 import math
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.linearize import nesting_key
+from rules.symbolic import terms_of
 from .plan import OptContext, OptKind
 from .upcast import at_values, part_kind
 
@@ -24,6 +28,7 @@ MAX_LOCAL_BYTES = 256 << 10   # a packed buffer lives on the stack of its thread
 
 def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
   if buf.op is not Ops.DEFINE_GLOBAL or len(ld.src) != 1: return None
+  if ctx.device_loops: return None   # a GPU stages a reduction's operands in shared memory: stage_operands
   loops = sorted((n for n in idx.toposort if n.op is Ops.RANGE), key=nesting_key)
   for o in ctx.opts_of_kind(OptKind.PACK):
     a = ctx.current_loop(o.axis)
@@ -52,6 +57,93 @@ def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:
   return None
 
 
+# ---- a GPU: the pack record of a reduction loop stages its operands' tiles in shared memory
+
+SHARED_PAD = 4   # floats added to a shared tile's row: a transposed fill hits 32 banks, rows stay 16-byte aligned
+
+
+def flat_index(loops: list[UOp], sizes: list[int]) -> UOp:
+  flat = loops[0] if loops else UOp.const(dtypes.index, 0)
+  for q, n in zip(loops[1:], sizes[1:]): flat = flat * n + q
+  return flat
+
+
+def stage_operands(ctx: OptContext, red: UOp) -> UOp | None:
+  """A GPU tile plan's `pack(k)`, k a reduction loop: the factors of a sum of products over k's outer loop (a slice)
+  are staged in the block's shared memory once per slice, each as a whole (an elementwise prologue, layer norm's
+  `(x - mean) * rstd * g`, is computed once per element as the tile is filled, not once per use); `stage` says how."""
+  if not ctx.device_loops: return None
+  slices = [q for o in ctx.opts_of_kind(OptKind.PACK) if (q := ctx.current_loop(o.axis)) is not None and q in red.src[1:]]
+  if not slices or any(n.op is Ops.DEFINE_LOCAL for n in red.src[0].toposort): return None
+  factors = list(red.src[0].src) if red.src[0].op is Ops.MUL else [red.src[0]]
+  tiles = {f: t for f in factors if (t := stage(ctx, f, slices[0])) is not None}
+  if not tiles: return None
+  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once
+  fills = tuple(st for _, sts, _ in tiles.values() for st in sts)
+  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills)), slot)),))
+           for f, (local, _, slot) in tiles.items()}
+  value = red.src[0].replace(src=tuple(reads.get(f, f) for f in factors)) if red.src[0].op is Ops.MUL else reads[red.src[0]]
+  return red.replace(src=(value, *red.src[1:]))
+
+
+def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp], UOp] | None:
+  """(the shared tile, its fill stores, the slot the reduction reads) for a factor that moves only with the slice,
+  the block's loops and the tile's parts (lanes, registers, the slice's inner loop), else None. The tile
+  (`DEFINE_LOCAL` in address space "shared") is laid out with the reduction's parts outermost and the output's parts
+  in their order (a row of the tile, padded by SHARED_PAD against bank conflicts); element f of it (in the order of
+  the operand's memory, so consecutive lanes read consecutive addresses) is filled by lane f mod threads. The reads
+  take `BARRIER(tile, *fill stores)` as their buffer: the block waits there until the tiles are filled (the
+  renderer's __syncthreads), and again at the end of the slice before the next fill overwrites them."""
+  from rules.gpu import special   # (the GPU rules import this package)
+  if slice_loop not in value.toposort or any(n.op in (Ops.REDUCE, Ops.BARRIER) for n in value.toposort): return None
+  loops = [q for q in value.toposort if q.op is Ops.RANGE and q is not slice_loop]
+  parts = [q for q in loops if part_kind(q) in ("local", "upcast", "split")]
+  # what else the value moves with must be the block's (a loop of blocks): uniform over the tile
+  if any(part_kind(q) is not None and q not in parts for q in loops): return None
+  if any(part_kind(q) is None and ((a := ctx.loop_axis.get(q)) is None or not ctx.opts(a, OptKind.GLOBAL)) for q in loops): return None
+  order = lambda q: (q.arg[1][1], q.arg[1][0])   # by the loop it came from, outer parts first
+  red = sorted((q for q in parts if q.arg[0] == "reduce"), key=order)
+  out = sorted((q for q in parts if q.arg[0] != "reduce"), key=order)
+  row = math.prod(q.src[0].arg for q in out)
+  stride = row + (SHARED_PAD if red and row % 32 == 0 else 0)
+  size = math.prod(q.src[0].arg for q in red) * stride
+  total, threads = math.prod(q.src[0].arg for q in parts), ctx.threads
+  if total % threads or size * value.dtype.itemsize > MAX_SHARED_BYTES: return None
+  def slot(values: dict[UOp, UOp]) -> UOp:
+    return flat_index([values.get(q, q) for q in red], [q.src[0].arg for q in red]) * stride + \
+      flat_index([values.get(q, q) for q in out], [q.src[0].arg for q in out])
+  # the fill follows the operand's memory (its load over the most parts): the part that moves it least varies fastest
+  main = max((n for n in value.toposort if n.op is Ops.LOAD), key=lambda n: sum(q in n.toposort for q in parts), default=None)
+  idx = main.src[0].src[1] if main is not None else value
+  fill_order = sorted(parts, key=lambda q: -abs(coefficient(idx, q)))
+  local = UOp(Ops.DEFINE_LOCAL, value.dtype.ptr("shared"), (), (ctx.next_local(), size))
+  lane, fills = special("lidx0", threads), []
+  for c in range(total // threads):
+    f = lane + c * threads if c else lane
+    at = dict(zip(fill_order, split_flat(f, [q.src[0].arg for q in fill_order])))
+    fills.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), at_values(value, at))))
+  return local, fills, slot({})
+
+
+MAX_SHARED_BYTES = 24 << 10   # a block's shared tiles together stay under 48 KiB (the static limit)
+
+
+def coefficient(index: UOp, r: UOp) -> int:
+  """How far a flat index moves when loop r steps by one (0 if it does not depend on r linearly)."""
+  return sum(k for t, k in terms_of(index) if t is r)
+
+
+def split_flat(flat: UOp, sizes: list[int]) -> list[UOp]:
+  """The indices of loops of `sizes` (outermost first) that run through `flat` in row-major order."""
+  out, stride = [], math.prod(sizes)
+  for i, s in enumerate(sizes):
+    stride //= s
+    e = flat if stride == 1 else flat // stride
+    out.append(e if i == 0 else e % s)
+  return out
+
+
 pack_rules = PatternMatcher([
+  (UPat(Ops.REDUCE, name="red"), stage_operands),
   (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, src=(UPat.var("buf"), UPat.var("idx"))),)), pack_load),
 ], name="opt_pack")

@@ -12,7 +12,7 @@ nests inside every loop of the original nest (that is tiling: `i, j -> i_o, j_o,
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops
 from rules.linearize import nesting_key
-from .plan import OptContext, SPLITTING, trip_product
+from .plan import OptContext, trip_product
 
 
 def loop_position(r: UOp) -> tuple[int, int]:
@@ -22,7 +22,7 @@ def loop_position(r: UOp) -> tuple[int, int]:
 
 
 def split_loop(ctx: OptContext, r: UOp) -> UOp | None:
-  if (axis := ctx.axis_of.get(r, ctx.padded.get(r))) is None or not (parts := ctx.opts(axis, *SPLITTING)): return None
+  if (axis := ctx.axis_of.get(r, ctx.padded.get(r))) is None or not (parts := ctx.opts(axis, *ctx.splitting())): return None
   kind, (level, pos), rest = r.arg[0], loop_position(r), r.arg[2:]
   trips = r.src[0].arg // trip_product(parts)
   outer = r.replace(src=(UOp.const(r.dtype, trips),)) if trips > 1 else UOp.const(r.dtype, 0)

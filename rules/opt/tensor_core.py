@@ -23,7 +23,8 @@ product tile:
   sizes and k's slice.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
-GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it).
+GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Both are read
+as a kernel is lowered: a kernel compiled already in this process keeps its form.
 """
 from __future__ import annotations
 import math, os

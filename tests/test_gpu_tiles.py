@@ -1,0 +1,143 @@
+"""A product on a GPU: the tile plan (rules/opt/gpu_tile.py) in the one optimization vocabulary — blocks and lanes
+(global, local), a register tile (upcast), a slice of the reduction (split) staged in shared memory (pack) — checked
+without a GPU: the numbers in the numpy model of a grid (tests/test_gpu_stages.py), the structure of the CUDA source
+(tiles, barriers, the fused epilogue), and random valid tile plans on random small products (fuzz)."""
+import re
+import numpy as np
+import pytest
+
+from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan
+from rules.pipeline import Run, lower_kernel, schedule
+from rules.realize import normalize
+from tensor import Tensor
+from test_gpu_stages import run_grid, run_on_model_gpu, T, gpu
+
+rng = np.random.default_rng(7)
+
+
+def plan_and_source(t: Tensor) -> tuple[str, str]:
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  run = Run("CPU", parallel=False, device_loops=True, opt=gpu())
+  lower_kernel(normalize(kernels[-1])[0], run)
+  return str(run.opt.plan), t.kernel_sources(device="CUDA")[-1]
+
+
+def test_a_product_gets_a_tile_plan_in_the_cpu_vocabulary():
+  plan, _ = plan_and_source(T(2048, 64) @ T(64, 2048))
+  # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 8, staged
+  assert plan == ("upcast(0, 8) local(0, 16) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) "
+                  "split(2, 8) pack(2) [heuristic]")
+  # small products take smaller tiles, so their blocks still fill the multiprocessors
+  assert plan_and_source(T(256, 128) @ T(128, 256))[0].startswith("upcast(0, 2) local(0, 16)")
+
+
+def test_the_tile_kernel_stages_operands_in_shared_memory_between_barriers():
+  x, w, b = T(2048, 64), T(64, 2048), T(2048)
+  _, src = plan_and_source(((x @ w) + b).gelu())
+  assert src.count("__shared__ __align__(16) float") == 2          # a tile of each operand
+  assert src.count("(__syncthreads(), local") >= 1                 # the reads wait for the fill
+  loop = src[src.index("for (int ridx"):]
+  assert "__syncthreads();\n" in loop                              # and the next fill waits for the reads
+  assert "#pragma unroll" in loop                                  # the slice's steps read shared tiles into registers
+  assert len(re.findall(r"acc\d+ = 0\.0f;", src)) == 64           # an 8 x 8 register tile per lane
+  # the epilogue (bias, GELU's tanh through exp2) is in the same kernel, applied to each register before its store
+  assert "exp2f" in src and src.count("*(data0+") == 64
+
+
+@pytest.mark.parametrize("case", ["plain", "epilogue", "transposed", "batched", "prologue"])
+def test_tiled_products_give_numpys_values_in_the_model_grid(case):
+  a, b, bias = T(128, 64), T(64, 256), T(256)
+  an, bn, biasn = a.numpy(), b.numpy(), bias.numpy()
+  if case == "plain": t, want = a @ b, an @ bn
+  elif case == "epilogue": t, want = ((a @ b) + bias).relu() * 0.5, np.maximum(an @ bn + biasn, 0) * 0.5
+  elif case == "transposed":
+    w = T(256, 64)
+    t, want = a @ w.T, an @ w.numpy().T
+  elif case == "batched":
+    q, k = T(2, 128, 32), T(2, 32, 64)
+    t, want = q @ k, q.numpy() @ k.numpy()
+  else:
+    g = T(64)
+    norm = (an - an.mean(1, keepdims=True)) / np.sqrt(an.var(1, keepdims=True) + 1e-5)
+    t, want = (a.layernorm(1) * g) @ b + bias, (norm * g.numpy()) @ bn + biasn
+  assert plan_and_source(t)[0].count("local(") == 2
+  np.testing.assert_allclose(run_on_model_gpu(t)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_a_prologue_is_computed_as_its_tile_is_staged_not_per_use():
+  # layer norm's normalize-and-scale read by a product: computed once per element while the shared tile is filled,
+  # the slice's loop only multiplies and adds what the tiles hold
+  x, w, g = T(2048, 64), T(64, 2048), T(64)
+  plan, src = plan_and_source((x.layernorm(1) * g) @ w)
+  assert "pack(2)" in plan
+  fill, steps = src[src.index("for (int ridx"):src.index("#pragma unroll")], src[src.index("#pragma unroll"):]
+  steps = steps[:steps.index("__syncthreads();")]
+  assert fill.count("*(local") == 8 and fill.count("(__syncthreads(), local") == 1   # 4 + 4 elements a lane, one wait
+  values = re.findall(r"float v\d+ = (.*);", steps)   # loads from the shared tiles, and their products
+  assert values and all(v.startswith("(*(v") or re.fullmatch(r"\(v\d+\*v\d+\)", v) for v in values) and "data" not in steps
+
+
+def tile_plans(m: int, n: int, k: int, count: int) -> list[Plan]:
+  """Random valid tile plans of an m x n x k product (loops 0, 1, 2)."""
+  def pick(choices): return int(rng.choice(choices))
+  plans = []
+  while len(plans) < count:
+    tm, lm = pick([1, 2, 4]), pick([2, 4, 8])
+    tn, ln = pick([1, 2, 4]), pick([4, 8, 16])
+    if m % (tm * lm) or n % (tn * ln) or lm * ln > 256: continue
+    slice_ = pick([2, 4, 8])
+    opts = ([Opt(OptKind.UPCAST, 0, tm)] if tm > 1 else []) + [Opt(OptKind.LOCAL, 0, lm), Opt(OptKind.GLOBAL, 0, pick([0, 2]))]
+    opts += ([Opt(OptKind.UPCAST, 1, tn)] if tn > 1 else []) + [Opt(OptKind.LOCAL, 1, ln), Opt(OptKind.GLOBAL, 1)]
+    opts += [Opt(OptKind.SPLIT, 2, slice_)] + ([Opt(OptKind.PACK, 2)] if rng.random() < 0.8 else [])
+    plans.append(Plan(tuple(opts), "given"))
+  return plans
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_tile_plans_on_random_products_match_numpy(seed):
+  global rng
+  rng = np.random.default_rng(seed)
+  m, n, k = (int(rng.choice([16, 32, 64])) for _ in range(3))
+  a, b, c = T(m, k), T(k, n), T(n)
+  t = ((a @ b) * c + 1) if seed % 2 else a @ b
+  want = (a.numpy() @ b.numpy()) * c.numpy() + 1 if seed % 2 else a.numpy() @ b.numpy()
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  norm, bufs = normalize(kernels[-1])
+  for plan in tile_plans(m, n, k, 3):
+    linear = lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=plan: p)))
+    memory = {i: (np.zeros(u.arg.size, np.float32) if i == 0 else u.arg.numpy().copy()) for i, u in enumerate(bufs)}
+    run_grid(linear, memory)
+    np.testing.assert_allclose(memory[0].reshape(m, n), want, rtol=2e-4, atol=2e-4, err_msg=str(plan))
+
+
+def test_a_tile_plan_that_does_not_fit_is_refused():
+  kernels, _ = schedule([(T(64, 32) @ T(32, 64)).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  norm, _ = normalize(kernels[-1])
+  bad = [Plan((Opt(OptKind.LOCAL, 0, 48), Opt(OptKind.GLOBAL, 0), Opt(OptKind.GLOBAL, 1), Opt(OptKind.SPLIT, 2, 8))),   # 48 does not divide 64
+         Plan((Opt(OptKind.LOCAL, 0, 64), Opt(OptKind.LOCAL, 1, 32), Opt(OptKind.GLOBAL, 0), Opt(OptKind.GLOBAL, 1), Opt(OptKind.SPLIT, 2, 8))),
+         Plan((Opt(OptKind.LOCAL, 2, 4), Opt(OptKind.GLOBAL, 0), Opt(OptKind.GLOBAL, 1), Opt(OptKind.SPLIT, 2, 8)))]
+  for plan, why in zip(bad, ("does not divide", "more than a block", "reduction loop")):
+    with pytest.raises(InvalidPlan, match=why):
+      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=plan: p)))
+
+
+def test_the_search_offers_valid_gpu_plans_around_the_heuristics():
+  # GRAFT_SEARCH on a GPU times plans one change away from the heuristic's: other tiles, lanes, slices, groups
+  from runtime.search import gpu_neighbours
+  from rules.opt import check_plan
+  from rules.opt.plan import kernel_axes
+  for t in (T(2048, 64) @ T(64, 2048), T(64, 2048).softmax(1), T(300, 7) + 1):
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    run = Run("CPU", parallel=False, device_loops=True, opt=gpu())
+    norm, _ = normalize(kernels[-1])
+    lower_kernel(norm, run)
+    axes = sorted(run.opt.axis_of, key=run.opt.axis_of.get)
+    valid = []
+    for p in gpu_neighbours(run.opt.plan, [r.src[0].arg for r in axes], [r.arg[0] for r in axes]):
+      try: check_plan(p, axes, device_loops=True)
+      except InvalidPlan: continue
+      valid.append(p)
+    assert len(valid) >= 3, (t.shape, run.opt.plan)
+    # and each lowers to a kernel whose launch fits a block
+    for p in valid[:3]:
+      lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=p: p)))

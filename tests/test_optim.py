@@ -1,0 +1,106 @@
+"""Optimizers (tensor/optim.py) follow torch's: a 30-step MLP run, step by step, and each optimizer's options."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tensor import Tensor
+from tensor.optim import SGD, Adam, AdamW
+from runtime.realize import last_program
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  x, y = rng.standard_normal((32, 8)).astype(np.float32), rng.standard_normal((32, 3)).astype(np.float32)
+  ws = [(rng.standard_normal((16, 8)) * 0.4).astype(np.float32), np.zeros(16, np.float32),
+        (rng.standard_normal((3, 16)) * 0.4).astype(np.float32), np.full(3, 0.1, np.float32)]
+  return x, y, ws
+
+
+def _losses_graft(opt_cls, steps, **kw):
+  x, y, ws = _data()
+  ps = [Tensor(w, requires_grad=True) for w in ws]
+  opt, X, Y, out = opt_cls(ps, **kw), Tensor(x), Tensor(y), []
+  for _ in range(steps):
+    loss = ((X.linear(ps[0], ps[1]).relu().linear(ps[2], ps[3]) - Y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    out.append(loss.item())
+  return out, [p.numpy() for p in ps]
+
+
+def _losses_torch(opt_cls, steps, **kw):
+  x, y, ws = _data()
+  ps = [torch.tensor(w, requires_grad=True) for w in ws]
+  opt, X, Y, out = opt_cls(ps, **kw), torch.tensor(x), torch.tensor(y), []
+  for _ in range(steps):
+    loss = ((F.linear(F.linear(X, ps[0], ps[1]).relu(), ps[2], ps[3]) - Y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    out.append(loss.item())
+  return out, [p.detach().numpy() for p in ps]
+
+
+@pytest.mark.parametrize("name, kw", [
+  ("SGD", dict(lr=0.05)),
+  ("SGD", dict(lr=0.05, momentum=0.9, weight_decay=1e-2)),
+  ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.1)),
+  ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+  ("Adam", dict(lr=1e-2)),
+  ("Adam", dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=1e-2)),
+  ("AdamW", dict(lr=1e-2)),
+  ("AdamW", dict(lr=1e-2, weight_decay=0.1, eps=1e-6)),
+])
+def test_a_30_step_mlp_run_follows_torch_step_by_step(name, kw):
+  ours, our_params = _losses_graft({"SGD": SGD, "Adam": Adam, "AdamW": AdamW}[name], 30, **kw)
+  theirs, their_params = _losses_torch(getattr(torch.optim, name), 30, **kw)
+  np.testing.assert_allclose(ours, theirs, rtol=1e-3)
+  assert ours[-1] < ours[0] * 0.7, "the loss should fall"
+  for a, b in zip(our_params, their_params): np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_defaults_are_torchs():
+  p = [Tensor(np.ones(2, np.float32), requires_grad=True)]
+  for ours, theirs in ((Adam(p), torch.optim.Adam([torch.ones(2, requires_grad=True)])),
+                       (AdamW(p), torch.optim.AdamW([torch.ones(2, requires_grad=True)]))):
+    d = theirs.defaults
+    assert (ours.lr, (ours.b1, ours.b2), ours.eps, ours.weight_decay) == (d["lr"], d["betas"], d["eps"], d["weight_decay"])
+  assert SGD(p).lr == torch.optim.SGD([torch.ones(2, requires_grad=True)]).defaults["lr"]
+
+
+def test_step_is_one_realize_writing_every_parameter_and_state_in_place():
+  x, y, ws = _data()
+  ps = [Tensor(w, requires_grad=True) for w in ws]
+  opt = AdamW(ps, lr=1e-2)
+  loss = ((Tensor(x).linear(ps[0], ps[1]).relu().linear(ps[2], ps[3]) - Tensor(y)) ** 2).mean()
+  loss.backward()
+  memory = [p.uop.src[0].arg.handle for p in ps + opt.m + opt.v]
+  opt.step()
+  program = last_program()
+  # the forward, the backward and the update in that one program: the loss and the gradients are realized by it
+  assert loss.is_realized and all(p.grad.is_realized for p in ps)
+  assert program is not None and len(program.outputs) >= 3 * len(ps) + len(ps) + 1
+  assert [p.uop.src[0].arg.handle for p in ps + opt.m + opt.v] == memory, "updates go into the tensors' own memory"
+
+
+def test_changing_the_learning_rate_takes_effect():
+  p = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+  opt = SGD([p], lr=0.1)
+  (p * p).sum().backward()
+  opt.step()
+  opt.lr = 0.5
+  opt.zero_grad()
+  (p * p).sum().backward()
+  opt.step()
+  want = np.array([1.0, 2.0]) * 0.8 * 0.0  # x - 0.5 * 2x = 0
+  np.testing.assert_allclose(p.numpy(), want, atol=1e-7)
+  assert opt.lr == 0.5
+
+
+def test_clear_errors():
+  p = Tensor(np.ones(2, np.float32), requires_grad=True)
+  with pytest.raises(RuntimeError, match="no parameter has a gradient"): SGD([p], lr=0.1).step()
+  with pytest.raises(ValueError, match="empty"): Adam([])
+  with pytest.raises(ValueError, match="Nesterov"): SGD([p], lr=0.1, nesterov=True)
+  with pytest.raises(ValueError, match="learning rate"): SGD([p], lr=-1.0)
