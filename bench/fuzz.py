@@ -59,6 +59,8 @@ def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]
   ops: collections.Counter = collections.Counter()
   failures = []
   for start in range(seed, seed + count, batch):
+    if (start - seed) % 500 < batch and start > seed:   # a long run says how far it is (stderr: not in the tally)
+      print(f"seeds {seed}..{start - 1} done: {dict(tally)}", file=sys.stderr, flush=True)
     programs = {s: Generator(s).program() for s in range(start, min(start + batch, seed + count))}
     for p in programs.values():
       for n in names_of(p): ops[op_name(n)] += 1

@@ -48,7 +48,11 @@ from runtime.device import Allocator, CompileError, Device, host_memory_bytes, p
 # kernel enables floating-point traps, so a compare may be evaluated where its branch is not taken: without
 # -fno-trapping-math gcc 12 leaves the clamps of g_exp2f as branches and does not vectorize exp loops (softmax's
 # exp kernels ran 4-6x slower on an AVX2 EPYC). Values are unchanged: no reassociation, NaN and inf as before.
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+# -fno-tree-slp-vectorize: gcc 12.2's straight-line vectorizer turned `(unsigned char)(bool)x` inside an unrolled max
+# into the lanes' -1 masks (`t.any().cast("int8")` gave -1; found by bench/fuzz.py, issue 22); loops still vectorize
+# (softmax/layernorm: the same machine code), and our own vector code is written with vector types.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+          "-fno-tree-slp-vectorize")
 # Added where the compiler takes them (a probe, once per compiler): gcc 12 with -march=native on a CPU with AVX512-FP16
 # emits masked `vmovsh` for _Float16 selects, which binutils 2.40 cannot assemble (a compile failure the fuzzer found,
 # issue 22); half math then goes through float conversions (F16C), as on every other CPU.

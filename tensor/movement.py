@@ -106,7 +106,7 @@ class MovementMixin:
     if all(p == (0, 0) for p in padding): return self
     countable(tuple(s + b + a for s, (b, a) in zip(self.shape, padding)), f"pad {padding} of a tensor of shape {self.shape}")
     out = self._view(lambda v: v.pad(padding))
-    if value == 0: return out  # a masked-off element of a View reads 0
+    if value == 0 and math.copysign(1, value) > 0: return out  # a masked-off element of a View reads 0 (not -0.0)
     # elsewhere: where(the padded ones mask, x, value); the mask is a padded constant, so no buffer either
     valid = self._const(True, dtypes.bool, self.shape).pad(padding)
     return valid.where(out, value)

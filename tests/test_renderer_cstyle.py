@@ -111,3 +111,15 @@ def test_the_most_negative_integer_negated_wraps_as_in_numpy():
   a = np.full((2,), -2**31, np.int32)
   with np.errstate(over="ignore"): want = -a
   np.testing.assert_array_equal((-Tensor.full((2,), -2**31, dtype="int32")).numpy(), want)
+
+
+def test_any_of_bytes_cast_to_int8_is_one():
+  # gcc 12.2's straight-line vectorizer kept the -1 lane masks of the bools of an unrolled max (found by bench/fuzz.py)
+  x = np.random.default_rng(752844).integers(0, 6, (2, 8, 1)).astype(np.uint8)
+  np.testing.assert_array_equal(Tensor(x).any(axis=None, keepdim=True).cast("int8").numpy(), np.ones((1, 1, 1), np.int8))
+
+
+def test_a_pad_of_negative_zero_keeps_its_sign():
+  x = np.ones((2, 2), np.float16)
+  got = Tensor(x).pad(((1, 0), (0, 1)), value=-0.0).reciprocal().numpy()
+  np.testing.assert_array_equal(got, 1 / np.pad(x, ((1, 0), (0, 1)), constant_values=-0.0))
