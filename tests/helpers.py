@@ -26,3 +26,10 @@ def unfused_attention():
   finally:
     pipeline.stages.insert(at, stage)
     pipeline.version += 1
+
+
+def python_path(*first: str) -> str:
+  """PYTHONPATH for a child process: `first` (the repository root, say) ahead of what this process was given, so a
+  child finds the packages that the parent found through PYTHONPATH too (cffi carried beside the tree on a GPU host)."""
+  import os
+  return os.pathsep.join([*map(str, first), *filter(None, [os.environ.get("PYTHONPATH", "")])])

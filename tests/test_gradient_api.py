@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import rewrite
 from tensor import Tensor, no_grad
+from tests.helpers import python_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,7 +93,7 @@ def test_clear_errors():
 
 def test_the_gradient_stage_is_in_the_pipeline_and_in_the_statistics():
   out = subprocess.run([sys.executable, "-m", "rules"], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+                       env={**os.environ, "PYTHONPATH": python_path(ROOT)}, timeout=120)
   assert any(line.split()[1:3] == ["gradient", "gradient"] for line in out.stdout.splitlines() if line.strip()[:1].isdigit())
   w = _param([1.0, 2.0])
   with rewrite.stats.collect() as s:

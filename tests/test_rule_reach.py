@@ -1,6 +1,7 @@
 """bench/rule_reach.py: the compiler's work is done by rules on the nodes it concerns, not by rules handed the whole
 graph (a design property of rules/, measured statically; nothing is timed)."""
 import importlib.util, os, subprocess, sys
+from tests.helpers import python_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("rule_reach", os.path.join(ROOT, "bench", "rule_reach.py"))
@@ -30,6 +31,6 @@ def test_a_rule_on_a_sink_counts_as_whole_graph_whatever_its_arg_or_sources():
 
 def test_the_script_prints_the_share_and_the_functions_behind_it():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rule_reach.py"), "--top", "3"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+                       text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": python_path(ROOT)})
   assert out.returncode == 0, out.stderr
   assert "reached only from whole-graph rules" in out.stdout and "Stage.prepare" in out.stdout

@@ -11,19 +11,21 @@ from runtime.device import CompileError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from fuzz import sanitized_env  # noqa: E402  (bench/fuzz.py)
+from tests.helpers import python_path
 
-ENV = sanitized_env()
-pytestmark = pytest.mark.skipif(not os.path.isabs(ENV["LD_PRELOAD"]), reason="the C compiler has no libasan.so")
+ENV = {**sanitized_env(), "DEVICE": "CPU"}
+pytestmark = [pytest.mark.skipif(not os.path.isabs(ENV["LD_PRELOAD"]), reason="the C compiler has no libasan.so"),
+              pytest.mark.usefixtures("on_cpu")]  # the sanitizers are the CPU C compiler's, whatever DEVICE says
 
 
 def run_sanitized(code: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-c", code], env={**ENV, "PYTHONPATH": ROOT}, cwd=ROOT, capture_output=True,
+  return subprocess.run([sys.executable, "-c", code], env={**ENV, "PYTHONPATH": python_path(ROOT)}, cwd=ROOT, capture_output=True,
                         text=True, timeout=600)
 
 
 def test_random_programs_run_clean_under_the_sanitizers():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fuzz.py"), "--count", "60", "--seed", "7000",
-                        "--batch", "10", "--sanitize"], env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT,
+                        "--batch", "10", "--sanitize"], env={**os.environ, "DEVICE": "CPU", "PYTHONPATH": python_path(ROOT)}, cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "60 ok, 0 mismatch, 0 error" in out.stdout and "with sanitizers" in out.stdout

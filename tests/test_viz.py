@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, graph_rewrite, stats, viz
 from rewrite.viz import page, layout
+from tests.helpers import python_path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("GRAFT_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 
 
 def _run(args: list[str], tmp_path: Path, **env) -> subprocess.CompletedProcess:
-  environment = {**os.environ, "DEVICE": "CPU", "GRAFT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), **env}
+  environment = {**os.environ, "DEVICE": "CPU", "GRAFT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": python_path(ROOT), **env}
   for name in ("DEBUG", "GRAFT_VIZ", "REWRITE_STATS", "GRAFT_SEARCH"):
     if name not in env: environment.pop(name, None)
   r = subprocess.run([sys.executable, *args], env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -161,7 +162,7 @@ def test_page_without_graphviz_lists_graphs_as_text(tmp_path, monkeypatch):
 
 
 def test_bad_graft_viz_is_an_error(tmp_path):
-  r = subprocess.run([sys.executable, "-c", "import rewrite"], env={**os.environ, "GRAFT_VIZ": "out.txt", "PYTHONPATH": str(ROOT)},
+  r = subprocess.run([sys.executable, "-c", "import rewrite"], env={**os.environ, "GRAFT_VIZ": "out.txt", "PYTHONPATH": python_path(ROOT)},
                      capture_output=True, text=True, cwd=tmp_path)
   assert r.returncode != 0 and "ending in .html" in r.stderr
 
