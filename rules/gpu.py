@@ -57,6 +57,7 @@ folds the thread-index arithmetic back into flat indices, and a store whose gate
 """
 from __future__ import annotations
 import math
+from typing import Callable
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, substitute, splice_sinks, InOrder
 from .strided_view import contiguous_strides, View
@@ -64,7 +65,7 @@ from .realize import buffers_read, ScheduleIndex
 from .shapes import shape_of
 from .symbolic import symbolic_rules, terms_of, sum_of
 from .linearize import open_ranges, nesting_key
-from .opt.plan import Opt, OptKind, Plan, OptContext, InvalidPlan, SPLITTING, kernel_axes, is_tile_plan, check_splits
+from .opt.plan import Opt, OptKind, Plan, OptContext, InvalidPlan, SPLITTING, is_tile_plan, check_splits
 from .opt.upcast import part_kind
 from .opt.pack import split_flat as split
 
@@ -227,15 +228,10 @@ fuse_rules = PatternMatcher([
 ], name="gpu_fuse")
 
 
-# ---------------------------------------------------------------- the grid plan (data)
+# ---------------------------------------------------------------- a GPU plan's checks (one Plan type: rules/opt)
 
 class InvalidGridPlan(InvalidPlan):
   """A GPU plan that does not fit the kernel it was given to."""
-
-
-def kernel_loops(sink: UOp) -> list[UOp]:
-  """The kernel's loops in nesting order (output loops, then reduction loops): what a plan's axis numbers name."""
-  return kernel_axes(sink)
 
 
 def lanes_of(plan: Plan) -> int:

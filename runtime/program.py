@@ -31,7 +31,6 @@ class Program:
     names, self.table = [], []
     counts = {"in": 0, "out": 0, "t": 0}
     param_of = {b: i for i, b in enumerate(params)}
-    self.params = [(b.dtype, b.arg.size, b.arg.device) for b in params]
 
     def number(b: UOp) -> int:
       if b in index: return index[b]
@@ -121,18 +120,9 @@ class Program:
   def __str__(self) -> str: return self.listing
   def __repr__(self) -> str: return f"<Program {len(self.steps)} steps, peak {self.peak_bytes} B, unplanned {self.unplanned_bytes} B>"
 
-  def check_inputs(self, inputs: list) -> None:
-    """Raise unless `inputs` are Buffers of the kinds (dtype, size, device) its parameters are, in order."""
-    if len(inputs) != len(self.params):
-      raise ValueError(f"this program takes {len(self.params)} buffers, not {len(inputs)}")
-    for i, (b, (dtype, size, device)) in enumerate(zip(inputs, self.params)):
-      if b.dtype is not dtype or b.size != size or b.device != device:
-        raise ValueError(f"parameter {i} of this program is a {dtype.name}[{size}] buffer on {device}, "
-                         f"not {b.dtype.name}[{b.size}] on {b.device}")
-
   def run(self, inputs: list, debug: int = 0, step_seconds: list[float] | None = None) -> list[UOp]:
-    """Run every step on `inputs` (a Buffer per parameter, in order: their kinds are the caller's to match, as
-    `check_inputs` does); the realized `VIEW(BUFFER)` of each output. With a `step_seconds` list, each step is waited
+    """Run every step on `inputs` (a Buffer per parameter, in order, of the kinds the cache key matched:
+    runtime/realize.py `graph_key`); the realized `VIEW(BUFFER)` of each output. With a `step_seconds` list, each step is waited
     for on its devices and its seconds appended: their sum is the device's share of a run (benchmarks tell host time
     from kernel time by it)."""
     buffers: list = [None] * len(self.table)

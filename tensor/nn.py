@@ -9,7 +9,7 @@ padded input comes first, so that the convolution's loops carry no masks).
 from __future__ import annotations
 import math
 import numpy as np
-from rewrite import UOp, Ops, dtypes
+from rewrite import UOp, Ops
 from rules.strided_view import View, compose
 from .elementwise import broadcast_shape
 from .promotion import is_scalar, py_scalar, check_fits

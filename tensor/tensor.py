@@ -118,8 +118,8 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     """`t[index] = value`: ints, slices (any step), None and ... select; value (a Tensor, numpy array or scalar of
     this dtype) is broadcast to the selection and written into this tensor's memory (and so into what it views)."""
     if any(hasattr(i, "uop") or isinstance(i, (np.ndarray, list)) for i in (index if isinstance(index, tuple) else (index,))):
-      raise TypeError(f"t[...] = value: writing through an integer-array index (a scatter) is not supported; index with "
-                      f"ints, slices, None and ...")
+      raise TypeError("t[...] = value: writing through an integer-array index (a scatter) is not supported; index with "
+                      "ints, slices, None and ...")
     setitem(self, index, value)
 
   def _selected_view(self, index) -> View:

@@ -21,7 +21,6 @@ tries candidates around it).
 from __future__ import annotations
 import functools, math
 from rewrite import UOp, Ops, dtypes
-from rules.symbolic import terms_of
 from rules.linearize import open_ranges, loop_work, nesting_key
 from .plan import Opt, OptKind, Plan
 from .pack import MAX_LOCAL_BYTES, coefficient
