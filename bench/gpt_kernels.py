@@ -1,0 +1,48 @@
+"""Where the GPT forward's kernel time goes: one warm run of `examples/gpt.py`'s forward with each step timed alone,
+kernels grouped by name (summed ms, count, share, plan), largest first; each step is waited for alone, so the
+sum is the device's share of a call without overlap.
+
+  python bench/gpt_kernels.py --device CUDA                      # 12 layers, 1024 tokens, width 768
+  python bench/gpt_kernels.py --layers 2 --tokens 64 --width 128 --heads 4
+"""
+from __future__ import annotations
+import argparse, os, sys, time
+from collections import defaultdict
+import numpy as np
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--device", default="CPU"); ap.add_argument("--layers", type=int, default=12)
+  ap.add_argument("--tokens", type=int, default=None); ap.add_argument("--width", type=int, default=768)
+  ap.add_argument("--heads", type=int, default=12); ap.add_argument("--top", type=int, default=25)
+  a = ap.parse_args()
+  tokens = a.tokens or (1024 if a.device == "CUDA" else 128)
+  from tensor import Tensor
+  from runtime.realize import find_program
+  from gpt import GPT
+  model = GPT(a.layers, a.width, a.heads)
+  x = Tensor(np.random.default_rng(0).standard_normal((tokens, a.width), np.float32), device=a.device).realize()
+  model.forward(x).realize(); model.forward(x).realize()
+  program, params = find_program([(model.forward(x).uop, a.device)])
+  names = []
+  for s in program.steps:   # the name each timed step reports under
+    names.append(s[1].name if s[0] == "call" else s[3].name if s[0] == "extern" else
+                 "+".join(ck.name for _, calls in s[1] for ck, _ in calls) if s[0] == "pick" else s[0])
+  best = None
+  for _ in range(3):
+    seconds: list[float] = []
+    program.run(params, step_seconds=seconds)
+    if best is None or sum(seconds) < sum(best): best = seconds
+  total, by = sum(best), defaultdict(lambda: [0.0, 0])
+  for n, s in zip(names, best): by[n][0] += s; by[n][1] += 1
+  print(f"{a.device} gpt {a.layers} layers, {tokens} tokens, width {a.width}: kernel time {total * 1e3:.2f} ms over {len(best)} steps")
+  for n, (s, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
+    plan = next((st[1].plan for st in program.steps if st[0] == "call" and st[1].name == n), "")
+    print(f"  {s * 1e3:9.3f} ms  x{c:<3d} {100 * s / total:5.1f}%  {n}  {plan}")
+
+
+if __name__ == "__main__":
+  main()
