@@ -30,14 +30,16 @@ def operands(*xs, dtype: DType | None = None, like=None) -> list:
   """Tensors and scalars as tensors of one device, one shape and one dtype (the promoted one unless `dtype`).
   Scalars become constants on the device of the first tensor (or of `like`, which also joins the broadcast)."""
   like = like if like is not None else next(x for x in xs if hasattr(x, "uop"))
-  xs = tuple(_as_operand(x, like) for x in xs)
+  xs = [x if x.__class__ is like.__class__ else _as_operand(x, like) for x in xs]
   # each operand once (`like` is usually one of xs), in the order the user gave them
-  tensors = ([] if any(x is like for x in xs) else [like]) + [x for x in xs if not is_scalar(x)]
-  if len({t.device for t in tensors}) > 1:
+  tensors = [x for x in xs if not is_scalar(x)]
+  if not any(x is like for x in tensors): tensors.insert(0, like)
+  if any(t.device != like.device for t in tensors):
     raise ValueError(f"operands live on different devices ({', '.join(t.device for t in tensors)}): move them with .to()")
   dt = dtype or result_dtype(xs)
-  shape = broadcast_shape(*(t.shape for t in tensors))
-  return [like._const(check_fits(x, dt), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
+  shape = tensors[0].shape
+  if any(t.shape != shape for t in tensors): shape = broadcast_shape(*(t.shape for t in tensors))
+  return [like._const(check_fits(x, dt), dt, shape) if is_scalar(x) else x.cast(dt)._broadcast(shape) for x in xs]
 
 
 def _as_operand(x, like):
