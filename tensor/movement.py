@@ -31,8 +31,9 @@ class MovementMixin:
     one and the result is a single View (move gives None where it cannot, as View.reshape does), else as a new VIEW
     on top, over the contiguous layout of this tensor. Movements are remembered by their View and arguments
     (`moved`): a model's forward asks for the same ones on every call."""
-    stacked = moved(contiguous_view(self.shape), move, arg)  # also checks the arguments against this tensor's shape
-    if stacked.shape == self.shape and stacked.is_contiguous: return self
+    layout = contiguous_view(self.shape)
+    stacked = moved(layout, move, arg)  # also checks the arguments against this tensor's shape
+    if stacked == layout: return self
     return view_taken(self._moved(move, arg, stacked), self, move, arg, stacked)   # (which memory it shares: tensor/assign.py)
 
   def _moved(self, move, arg, stacked: View):
