@@ -11,9 +11,9 @@ from rewrite import UOp, Ops, GroupOp
 
 _shapes: weakref.WeakKeyDictionary[UOp, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
-# ops whose shape is their first source's: elementwise ops (sources share one shape) and whole-tensor wrappers
 # ops whose shape needs no source's
 _OWN = frozenset({Ops.BUFFER, Ops.CONST, Ops.DEFINE_VAR, Ops.IOTA, Ops.VIEW})
+# ops whose shape is their first source's: elementwise ops (sources share one shape) and whole-tensor wrappers
 _like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.NOOP, Ops.DETACH}
 
 
