@@ -57,15 +57,16 @@ def product_shape(reds: list[UOp]) -> tuple[int, ...] | None:
 
 
 def product_split_plan(reds: list[UOp], multiprocessors: int) -> Opt | None:
-  """A matrix product whose tiles (rules/opt/gpu_tile.py `product_tile`) give fewer than FILL_BLOCKS blocks per
-  multiprocessor: its reduction split into the fewest parts that give that many (the most there are, where none
-  does); None for another kernel, a product that fills the GPU as it is, or one whose k cannot be split."""
-  from .opt.gpu_tile import product_tile, split_parts, FILL_BLOCKS, TILES
+  """A matrix product whose blocks of 8x8 registers (rules/opt/gpu_tile.py) leave multiprocessors idle: its reduction
+  split into the fewest parts that give FILL_BLOCKS blocks per multiprocessor (the most there are, where none does);
+  None for another kernel, a product that fills the GPU as it is, or one whose k cannot be split."""
+  from .opt.gpu_tile import product_tile, tiles_of, split_parts, fills, FILL_BLOCKS, TILES
   if (shape := product_shape(reds)) is None: return None
   *batch, m, n, k = shape
-  if (tile := product_tile(m, n, k, math.prod(batch), multiprocessors)) is None or tile == TILES[0]: return None
+  if product_tile(m, n, math.prod(batch), multiprocessors) == TILES[0]: return None
+  if (tile := next((t for t in tiles_of(m, n) if t[2] * t[3] == 64 and t != TILES[0]), None)) is None: return None
   blocks, parts = math.prod(batch) * (m // tile[0]) * (n // tile[1]), split_parts(k)
-  if not parts or blocks >= FILL_BLOCKS * multiprocessors: return None
+  if not parts or fills(blocks, multiprocessors): return None
   return Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, next((p for p in parts if blocks * p >= FILL_BLOCKS * multiprocessors), parts[-1]))
 
 

@@ -42,28 +42,33 @@ def plan_of(k) -> str:
 
 
 def test_the_gpt_forwards_products_fill_the_gpu_split_where_their_tiles_are_few():
-  # examples/gpt.py at 1024 tokens, width 768 (bench/gpu_tiles.py --gpt measures these kernels on an H100): every
-  # product takes 64 x 128 tiles of 8 x 8 registers (128 lanes); where those are fewer than FILL_BLOCKS blocks per
-  # multiprocessor (330 on 132), the host stage offers the reduction split into parts, each a product of the batch
+  # examples/gpt.py at 1024 tokens, width 768 (bench/gpu_tiles.py --gpt measures these kernels on an H100): a product
+  # takes 64 x 128 tiles of 8 x 8 registers (128 lanes) where they occupy the multiprocessors (132 here); where they
+  # would leave some idle, the host stage offers its reduction split into parts, each a product of the batch of parts
+  # (the 8 x 8 tile again), beside the one kernel in smaller tiles
   from rules.gpu_split import split_reduction_plan, split_reduction
   x, h = T(1024, 768), T(1024, 3072)
-  tile = "upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
-  cases = [(x @ T(768, 2304) + T(2304), 2),              # qkv: 288 blocks, 2 parts
-           (x + (x @ T(768, 768) + T(768)), 4),          # attention's projection and its residual: 96 blocks, 4 parts
-           ((x @ T(768, 3072) + T(3072)).gelu(), None),  # fc: 384 blocks fill it as they are
-           (x + (h @ T(3072, 768) + T(768)), 4)]         # the MLP's output, k 3072: 4 parts of 768
-  for t, parts in cases:
+  wide = "upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
+  small = "upcast(0, 4) local(0, 16) global(0, 8) upcast(1, 2) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
+  cases = [(x @ T(768, 2304) + T(2304), wide, None),            # qkv: 288 blocks
+           ((x @ T(768, 3072) + T(3072)).gelu(), wide, None),   # fc: 384 blocks
+           (x + (x @ T(768, 768) + T(768)), small, 4),          # attention's projection and its residual: 96 blocks
+           (x + (h @ T(3072, 768) + T(768)), small, 4)]         # the MLP's output, k 3072: 4 parts of 768
+  for t, plan, parts in cases:
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-    assert plan_of(kernels[-1]) == tile + " [heuristic]"
+    assert plan_of(kernels[-1]) == plan + " [heuristic]"
     opt = split_reduction_plan(kernels[-1])
     assert opt == (None if parts is None else Opt(OptKind.SPLIT_REDUCE, 2, parts))
     if opt is None: continue
     partials, combine, _ = split_reduction(kernels[-1], opt)
-    # the partials: the same tile over the product's loops, the parts a batch on blocks; the combine adds them up and
-    # applies the epilogue (bias, residual) with a thread per output
+    # the partials: the 8 x 8 tile over the product's loops, the parts a batch on blocks; the combine adds them up
+    # and applies the epilogue (bias, residual) with a thread per output
     assert plan_of(partials) == ("upcast(1, 8) local(1, 8) global(1, 8) upcast(2, 4) local(2, 16) upcast(2, 2) global(2) "
                                  "global(0) split(3, 16) pack(3) [heuristic]")
     assert "group(" not in plan_of(combine) and "split(" not in plan_of(combine)
+  # 1024^3: 128 blocks of 64 x 128 on 132 multiprocessors, one kernel
+  kernels, _ = schedule([(T(1024, 1024) @ T(1024, 1024)).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  assert plan_of(kernels[-1]) == wide + " [heuristic]" and split_reduction_plan(kernels[-1]) is None
 
 
 def test_the_host_program_offers_a_product_split_beside_the_one_kernel():
@@ -81,7 +86,7 @@ def test_a_split_product_gives_numpys_values_in_the_model_grid(case):
   if case == "epilogue": t, want = (a @ b + bias).relu() + 1, np.maximum(an @ bn + bias.numpy(), 0) + 1
   elif case == "prologue": t, want = (a * 2 + 1) @ b, (an * 2 + 1) @ bn
   elif case == "batched":
-    q, k = T(2, 64, 256), T(2, 256, 64)
+    q, k = T(2, 64, 256), T(2, 256, 128)
     t, want = q @ k, q.numpy() @ k.numpy()
   else:
     w = T(128, 512)

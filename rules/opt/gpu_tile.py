@@ -18,12 +18,14 @@ divide a tile, and other kernels, get the rows plan (rules/gpu.py `grid_plan`).
 
 The tile (`product_tile`): 128x128 of 8x8 registers (256 lanes) where its blocks are BIG_TILE_BLOCKS per multiprocessor
 or more (4096^3), else 64x128 or 128x64 of 8x8 (128 lanes: 8 loads from shared memory per 64 multiply-adds, against
-8 per 16 with 4x4) where those blocks, times the parts k may be split into, give FILL_BLOCKS per multiprocessor; else
-the first smaller tile that does, else the smallest that divides. A product whose own blocks are fewer than that has its
-reduction split into parts, each a product of the batch of partials, by the host stage (rules/gpu_split.py
-`product_split_plan`: the GPT forward's 1024x768 products, 96 blocks of 64x128, run as 4 x 96).
-Measured on an H100 (bench/gpu_tiles.py --gpt): at 1024x768x3072, 64x64 of 4x4 (192 blocks) 1.84x cuBLAS's time, split
-into 4 x 96 blocks of 64x128 of 8x8 1.02x; at 1024x3072x768, 128x128 (192 blocks) 1.18x, 64x128 of 8x8 0.93x.
+8 per 16 with 4x4) where those blocks occupy the multiprocessors (`fills`: 7 in 8 of them at least), else the first
+smaller tile that does, else the smallest that divides. A product whose 8x8 tiles leave multiprocessors idle is
+offered, by the host stage, with its reduction split into parts (rules/gpu_split.py `product_split_plan`), each part a
+product of the batch of partials, which then has the blocks to take the 8x8 tile: the GPT forward's 1024x768 products,
+96 blocks of 64x128, run as 4 x 96.
+Measured on an H100 (bench/gpu_tiles.py --gpt, time over cuBLAS's for the bare product): 1024x768x3072 as one kernel of
+64x64 tiles of 4x4 (192 blocks) 1.8x, split into 4 x 96 blocks of 64x128 tiles of 8x8 0.94x; 1024x3072x768 as 128x128
+tiles (192 blocks) 1.18x, 64x128 of 8x8 (384 blocks) 0.93-1.03x.
 """
 from __future__ import annotations
 from rewrite import UOp, Ops
@@ -36,9 +38,14 @@ SLICE = 8   # BK: the reduction's slice staged in shared memory at once (16 for 
 WIDE_SLICE = 16
 GROUP = 8   # blocks grouped along the rows
 BIG_TILE_BLOCKS = 6     # blocks per multiprocessor the 256-lane tile needs (fewer: 1024x3072, 192 blocks, 1.18x cuBLAS)
-FILL_BLOCKS = 2.5       # blocks per multiprocessor a product's grid is given, its reduction split where it must be
-                        # (1024x768 on an H100: 384 blocks of 128 lanes 1.03x cuBLAS, 288 1.17x, 576 of 128-long parts 1.21x)
+FILL_BLOCKS = 2.5       # blocks per multiprocessor a split product's parts are given (1024x768 on an H100: 384 blocks of
+                        # 128 lanes 1.03x cuBLAS, 288 1.17x, 576 of 128-long parts 1.21x)
 MIN_PART = 128          # a part of a split reduction keeps at least this much of it (8 slices of WIDE_SLICE)
+
+
+def fills(blocks: int, multiprocessors: int) -> bool:
+  """A grid of `blocks` leaves at most 1 in 8 multiprocessors idle (1024^3 in 64x128 tiles: 128 blocks on 132)."""
+  return 8 * blocks >= 7 * multiprocessors
 
 
 def split_parts(k: int) -> list[int]:
@@ -46,14 +53,17 @@ def split_parts(k: int) -> list[int]:
   return [p for p in range(2, k // MIN_PART + 1) if k % p == 0 and (k // p) % WIDE_SLICE == 0]
 
 
-def product_tile(m: int, n: int, k: int, batch: int, multiprocessors: int) -> tuple[int, int, int, int] | None:
-  """The tile of an m x n product (a batch of `batch`) over k (the module's docstring); None where none divides."""
-  fits = [t for t in TILES if m % t[0] == 0 and n % t[1] == 0 and m >= t[0] and n >= t[1]]
+def tiles_of(m: int, n: int) -> list[tuple[int, int, int, int]]:
+  """The TILES that divide an m x n product."""
+  return [t for t in TILES if m % t[0] == 0 and n % t[1] == 0 and m >= t[0] and n >= t[1]]
+
+
+def product_tile(m: int, n: int, batch: int, multiprocessors: int) -> tuple[int, int, int, int] | None:
+  """The tile of an m x n product (a batch of `batch`) (the module's docstring); None where none divides."""
+  fits = tiles_of(m, n)
   for t in fits:
     blocks = batch * (m // t[0]) * (n // t[1])
-    if t == TILES[0]:
-      if blocks >= BIG_TILE_BLOCKS * multiprocessors: return t
-    elif blocks * max(split_parts(k), default=1) >= FILL_BLOCKS * multiprocessors: return t
+    if blocks >= BIG_TILE_BLOCKS * multiprocessors if t == TILES[0] else fills(blocks, multiprocessors): return t
   return fits[-1] if fits else None
 
 
@@ -87,7 +97,7 @@ def tile_plan(sink: UOp, axes: list[UOp], multiprocessors: int) -> Plan | None:
   batch = 1
   for r in axes:
     if r.arg[0] == "out" and r is not i and r is not j: batch *= size(r)
-  if (tile := product_tile(size(i), size(j), size(k), batch, multiprocessors)) is None: return None
+  if (tile := product_tile(size(i), size(j), batch, multiprocessors)) is None: return None
   if (bk := slice_of(tile, size(k))) is None: return None
   bm, bn, tm, tn = tile
   batch_axes = [n[r] for r in axes if r.arg[0] == "out" and r is not i and r is not j]
