@@ -126,7 +126,7 @@ def test_views_still_write_through_after_many_others_came_and_went():
   lazy[3, 2] = 5
   same(row_t, row_a); same(t, a)
   np.testing.assert_array_equal(col.numpy(), [2, 2, 2, 5])
-  for i, (b, view) in enumerate(kept): b[2] = i
+  for i, (b, view) in enumerate(kept): b[2] = np.full((), i, np.float32)   # (data, not a constant: one program)
   assert [(int(b.numpy()[2]), int(view.numpy()[1])) for b, view in kept] == [(i, i) for i in range(300)]
 
 
