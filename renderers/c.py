@@ -81,6 +81,8 @@ def _vector_typedefs() -> str:
       # (base and index apart: base+index may lie outside the buffer, and only valid lanes form an address)
       lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* base, long long index, int valid) {{ "
                    f"{t} v = {{0}}; for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = base[index + i]; return v; }}")
+  # a vector of bool is what gcc's vector comparison of 32-bit lanes gives: 0 or -1 (all bits) per lane
+  lines += [f"typedef intx{n} boolx{n};" for n in (2, 4, 8, 16)]
   return "\n".join(lines)
 
 
@@ -148,7 +150,17 @@ def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:
 
 def _vector_literal(ctx: RenderContext, v: UOp) -> str:
   lanes = v.src * v.dtype.count if len(v.src) == 1 else v.src   # one source: a broadcast
-  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(ctx[s] for s in lanes)}}})"
+  # a bool (0 or 1) becomes a mask lane (0 or -1), as a vector comparison makes them
+  texts = [f"-({ctx[s]})" if v.dtype.scalar is dtypes.bool else ctx[s] for s in lanes]
+  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(texts)}}})"
+
+
+def _vector_select(ctx: RenderContext, x: UOp) -> str | None:
+  """A select of vectors by a mask (C has no `?:` of vectors): the bits of each lane taken from one side."""
+  if x.dtype.count == 1: return None
+  t, m = ctx.lang.type(x.dtype), ctx.lang.type(x.src[0].dtype)
+  c, a, b = (ctx[s] for s in x.src)
+  return f"(({t})((({m}){a}&{c})|(({m}){b}&~{c})))"
 
 
 def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
@@ -162,6 +174,7 @@ c_rules = PatternMatcher([
   (UPat(Ops.LOAD, name="ld"), _vector_load),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
+  (UPat(Ops.WHERE, name="x"), _vector_select),
   (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])", "render_gep"),
   (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
   # a packed buffer (rules/opt/pack.py) is an array on the stack of the thread that fills it; the BARRIER that says

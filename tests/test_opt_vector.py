@@ -4,6 +4,7 @@ from numpy.testing import assert_allclose
 from rewrite import Ops
 from tensor import Tensor
 from rules.opt import Opt, OptKind
+from runtime.device import get_device
 from tests.opt_helpers import lowered, run_with, loops
 import pytest
 
@@ -66,3 +67,46 @@ def test_masked_loads_of_padding_keep_a_validity_per_lane():
   from numpy.lib.stride_tricks import sliding_window_view
   want = sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3)).mean((4, 5))
   assert_allclose(run_with(t, V(2)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_products_relu_epilogue_stays_in_vector_registers():
+  # the linear layer's epilogue (bias, relu) on the register tile: a vector compare and a vector select per
+  # accumulator, no lane taken out (a scalar epilogue made gcc spill the tile's accumulators)
+  x, w, bias = a, rng.standard_normal((16, 32), dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+  t = Tensor(x).linear(Tensor(w), Tensor(bias)).relu()
+  linear, plan = lowered(t)
+  assert any(o.kind is OptKind.VECTOR for o in plan.opts)
+  assert vector_ops(linear, Ops.CMPLT) and vector_ops(linear, Ops.WHERE) and not any(u.op is Ops.GEP for u in linear.src)
+  assert all(u.dtype.scalar.name == "bool" for u in vector_ops(linear, Ops.CMPLT))
+  source = render(linear)
+  assert "boolx16" in source or "boolx8" in source
+  assert_allclose(run_with(t, *plan.opts), np.maximum(x @ w.T + bias, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_vector_compares_and_selects_keep_nan_and_broadcast_conditions():
+  x = a.copy()
+  x[0, :3] = [np.nan, -np.inf, np.inf]
+  # maximum: NaN on either side wins (a compare, an isnan (x != x) and two selects, all in lanes)
+  t = Tensor(x).maximum(Tensor(x[::-1].copy()) * 0.5)
+  linear, _ = lowered(t, V(1))
+  assert vector_ops(linear, Ops.CMPNE) and len(vector_ops(linear, Ops.WHERE)) == 2
+  assert_allclose(run_with(t, V(1)), np.maximum(x, x[::-1] * 0.5))
+  # a condition that does not depend on the lanes (one per row) is broadcast to a mask; int32 lanes select too
+  rows = Tensor(np.arange(8, dtype=np.int32).reshape(8, 1))
+  t = (rows < 3).where(Tensor(x), -1.0)
+  assert_allclose(run_with(t, V(1)), np.where(np.arange(8)[:, None] < 3, x, -1.0))
+  i = rng.integers(-5, 5, (8, 32)).astype(np.int32)
+  t = (Tensor(i) < 0).where(Tensor(i) * 2, Tensor(i))
+  linear, _ = lowered(t, V(1))
+  assert vector_ops(linear, Ops.WHERE)
+  np.testing.assert_array_equal(run_with(t, V(1)), np.where(i < 0, i * 2, i))
+
+
+def test_a_mask_read_lane_by_lane_is_a_bool_again():
+  # exp has no vector form: it reads lanes of the selected vector; a compare's mask cast to float reads its lanes as 0/1
+  t = (Tensor(a) < 0).where(Tensor(a), 0.0).exp() + (Tensor(a) < 0).cast("float32")
+  assert_allclose(run_with(t, V(1)), np.exp(np.where(a < 0, a, 0)) + (a < 0), rtol=1e-6)
+
+
+def render(linear) -> str:
+  return get_device("CPU").renderer.render("k", linear)
