@@ -12,11 +12,13 @@ inputs sit on the device before the clock starts); every call ends with the devi
   - warm: median of 20 calls after 3 warm-ups, a new input each call;
   - same: (Graft) the same, every call on one input tensor: the cached program is found either way, so new/same is
     what new data costs;
-  - kernel: (Graft) the device's share of a run of the program (each step waited for alone; median of 5 runs);
+  - kernel: (Graft) the device's share of a run of the program (each kernel timed alone by the device's events, other
+    steps by the clock; median of 5 runs);
     host = warm - kernel;
   - peak: resident memory of the process (CPU), or device memory held (GPU: Graft's allocator incl. its pool, torch's
     max_memory_reserved);
-  - graft jit: `jit(model.forward)`: call 1 as usual, call 2 captures, then the same warm median;
+  - graft jit: `jit(model.forward)`: call 1 as usual, call 2 captures, then the same warm median (on a GPU the replay
+    runs as CUDA graphs; `jit-launches` is the same with GRAFT_CUDA_GRAPH=0, kernel by kernel);
   - graft 1 layer cold: the first call of a 1-layer model in its own process (first-call scaling: 12 layers / 1);
   - err: largest absolute difference from numpy float64 on the same weights, over the largest absolute reference.
 """
@@ -142,7 +144,9 @@ def torch_worker(a) -> dict:
 
 
 # ---- the parent: one process per row, one table ----
-ROWS = [("graft", "plain"), ("graft", "jit"), ("graft", "cold1"), ("torch", "eager"), ("torch", "compile")]
+ROWS = [("graft", "plain"), ("graft", "jit"), ("graft", "jit-launches"), ("graft", "cold1"), ("torch", "eager"),
+        ("torch", "compile")]
+GPU_ONLY = ("compile", "jit-launches")
 
 
 def main() -> None:
@@ -164,7 +168,7 @@ def main() -> None:
   a.tokens = a.tokens or (1024 if a.device == "CUDA" else 128)
   if a.worker == "graft": return report(lambda: graft_worker(a))
   if a.worker == "torch": return report(lambda: torch_worker(a))
-  rows = [(f, m) for f, m in ROWS if a.device == "CUDA" or m != "compile"]
+  rows = [(f, m) for f, m in ROWS if a.device == "CUDA" or m not in GPU_ONLY]
   if a.only: rows = [r for r in rows if f"{r[0]}-{r[1]}" in a.only.split(",")]
   print(f"gpt: {a.layers} layers, {a.tokens} tokens, width {a.width}, {a.heads} heads on {a.device}")
   for dt in (a.dtypes or ("f32,f16" if a.device == "CUDA" else "f32")).split(","):
@@ -174,7 +178,8 @@ def main() -> None:
       cache = tempfile.mkdtemp(prefix="graft-models-")
       env = {**os.environ, "DEBUG": "0", "DEVICE": a.device, "GRAFT_CACHE_DIR": cache, "TORCHINDUCTOR_CACHE_DIR": cache,
              "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-      mode, layers = ("cold", 1) if m == "cold1" else (m, a.layers)
+      mode, layers = ("cold", 1) if m == "cold1" else ("jit", a.layers) if m == "jit-launches" else (m, a.layers)
+      if m == "jit-launches": env["GRAFT_CUDA_GRAPH"] = "0"   # the jit's replay launch by launch, not as CUDA graphs
       cmd = [sys.executable, os.path.abspath(__file__), "--worker", f, "--mode", mode, "--dtype", dt, "--device", a.device,
              "--layers", str(layers), "--tokens", str(a.tokens), "--width", str(a.width), "--heads", str(a.heads)]
       if a.check and m not in ("cold1",): cmd.append("--check")

@@ -189,6 +189,10 @@ def _recurse(root: UOp, matcher: PatternMatcher, dispatch: dict, ctx, stage: str
     links.clear()
     out, more = _iterate(root, matcher, dispatch, ctx, False, stage, done, links)
     return out, rewrites + more
+  finally:
+    # visit calls itself, through its own closure: left alone, it (and `done`, every node of this rewrite, and the
+    # buffers they name) would be garbage for the cyclic collector instead of going when this returns
+    del visit
 
 
 def _rule_error(rule: Rule | None, node: UOp, stage: str, e: Exception) -> RuleError:

@@ -72,25 +72,13 @@ class UOp(_UOpFields):
   # ---- graph walks (iterative: a 200,000-deep chain must not hit the recursion limit) ----
   @property
   def toposort(self) -> dict[UOp, None]:
-    """Every node reachable from self, sources before users, as an ordered dict (cached)."""
-    try: return _UOpFields._topo.__get__(self)
-    except AttributeError: pass
-    order: dict[UOp, None] = {}
-    stack = [(self, False)]
-    while stack:
-      node, expanded = stack.pop()
-      if node in order: continue
-      if expanded: order[node] = None; continue
-      try:
-        cached = _UOpFields._topo.__get__(node)
-        for n in cached:
-          if n not in order: order[n] = None
-        continue
-      except AttributeError: pass
-      stack.append((node, True))
-      for s in reversed(node.src):
-        if s not in order: stack.append((s, False))
-    _UOpFields._topo.__set__(self, order)
+    """Every node reachable from self, sources before users (self last), as an ordered dict of its own (the caller
+    may keep or change it). The nodes below self are cached on self, and self is not among them: a node that held
+    itself would be garbage of the cyclic collector, and so would the whole graph under it and the buffers it holds."""
+    try: below = _UOpFields._topo.__get__(self)
+    except AttributeError: below = _below(self)
+    order = below.copy()
+    order[self] = None
     return order
 
   def sparents(self) -> Iterator[UOp]: return iter(self.toposort)
@@ -180,7 +168,23 @@ _new_fields, _weakref = object.__new__, weakref.ref
 
 def _make(op: Ops, dtype: DType, src: tuple, arg) -> UOp:
   """UOp(op, dtype, src, arg) minus the class-call machinery (src must be a tuple): for the engine's hot paths."""
-  key = (op, dtype, src, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
+  return _intern(op, dtype, src, arg, arg if arg.__class__ is not float and arg.__class__ is not bool else _arg_key(arg))
+
+
+def _with_src(n: UOp, src: tuple) -> UOp:
+  """n with new sources (graph_rewrite's rebuild): n's arg is already in key form."""
+  return _intern(n.op, n.dtype, src, n.arg, n._key[2])
+
+
+def _intern(op: Ops, dtype: DType, src: tuple, arg, arg_key) -> UOp:
+  # The key names the sources by id, not by the nodes: an entry must not keep its node's sources alive once that node
+  # is gone (with the nodes in the keys, a dead graph went back one layer per cyclic collection). The ids are those of
+  # live nodes while the entry's node lives, since it holds its sources; an entry whose node died is found dead below.
+  n = len(src)
+  if n == 2: key = (op, dtype, arg_key, id(src[0]), id(src[1]))
+  elif n == 1: key = (op, dtype, arg_key, id(src[0]))
+  elif n == 0: key = (op, dtype, arg_key)
+  else: key = (op, dtype, arg_key, *map(id, src))
   if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
   u = _new_fields(_UOpFields)
   u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
@@ -192,18 +196,25 @@ def _make(op: Ops, dtype: DType, src: tuple, arg) -> UOp:
   return u
 
 
-def _with_src(n: UOp, src: tuple) -> UOp:
-  """n with new sources (graph_rewrite's rebuild): n's arg is already in key form."""
-  key = (n.op, n.dtype, src, n._key[3])
-  if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
-  u = _new_fields(_UOpFields)
-  u.op = n.op; u.dtype = n.dtype; u.src = src; u.arg = n.arg; u._key = key
-  u.__class__ = UOp
-  # setdefault, not a store: a thread that built the same node at the same moment keeps the one node made first
-  if (ref := _cache.setdefault(key, w := _weakref(u))) is not w:
-    if (first := ref()) is not None: return first
-    _cache[key] = w  # the entry was a dead node's
-  return u
+def _below(root: UOp) -> dict[UOp, None]:
+  """The nodes under root, sources first, without root; cached on root. A node whose own is cached brings it whole."""
+  get = _UOpFields._topo.__get__
+  order: dict[UOp, None] = {}
+  stack = [(s, False) for s in reversed(root.src)]
+  while stack:
+    node, expanded = stack.pop()
+    if node in order: continue
+    if expanded: order[node] = None; continue
+    try: order.update(get(node))   # keys already in order keep their place: the order stays sources-first
+    except AttributeError: pass
+    else:
+      order[node] = None
+      continue
+    stack.append((node, True))
+    for s in reversed(node.src):
+      if s not in order: stack.append((s, False))
+  _UOpFields._topo.__set__(root, order)
+  return order
 
 
 def _short(u: UOp) -> str:

@@ -1,7 +1,7 @@
 """shape_of: the shape of a node of the tensor-level graph (docs/design.md, "The tensor-level graph").
 
 Shapes are not stored on UOps; they follow from the node and its sources. Results are cached per node for as long as
-the node lives, and computed sources-first over the node's toposort, so a 200,000-deep chain does not recurse.
+the node lives, and computed sources-first down to the nodes already known, so a 200,000-deep chain does not recurse.
 """
 from __future__ import annotations
 import weakref
@@ -16,8 +16,16 @@ _like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.CO
 def shape_of(u: UOp) -> tuple[int, ...]:
   """The shape of tensor-level node `u`; ValueError for nodes of the kernel or loop level, which have no shape."""
   if (known := _shapes.get(u)) is not None: return known
-  for node in u.toposort:
-    if node not in _shapes: _shapes[node] = _shape_from_sources(node)
+  # sources first, walking down only to nodes whose shape is known: a node built over a large graph costs its own
+  # shape, not a walk of that graph
+  stack = [u]
+  while stack:
+    node = stack[-1]
+    if node in _shapes: stack.pop(); continue
+    missing = [s for s in node.src if s not in _shapes]
+    if missing: stack.extend(missing); continue
+    _shapes[node] = _shape_from_sources(node)
+    stack.pop()
   return _shapes[u]
 
 

@@ -67,6 +67,15 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct {
+  CUfunction func;
+  unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  void **kernelParams;
+  void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
 
 CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
@@ -91,6 +100,14 @@ CUresult cuEventRecord(CUevent event, CUstream stream);
 CUresult cuEventSynchronize(CUevent event);
 CUresult cuEventElapsedTime(float *milliseconds, CUevent start, CUevent end);
 CUresult cuEventDestroy_v2(CUevent event);
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dependencies, size_t count,
+                              const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphDestroy(CUgraph graph);
 CUresult cuGetErrorName(CUresult error, const char **name);
 CUresult cuGetErrorString(CUresult error, const char **text);
 """
@@ -312,18 +329,8 @@ class CUDAProgram:
                local_size: int | Sequence[int] | None = None, wait: bool = False) -> float | None:
     """Launch on grid `global_size` (blocks) of blocks `local_size` (threads). With wait=True, block until the kernel
     is done and return its time in seconds, measured with CUDA events; else return None at once."""
-    if len(args) != len(self.params):
-      raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
+    params, _values = self.pack(args)   # _values: what params points at, alive until the launch has read it
     grid, block = _dims(global_size, "global_size"), _dims(local_size, "local_size")
-    # kernelParams is an array of pointers, each to one argument's value stored in its parameter's C type
-    values = []
-    for i, (t, a) in enumerate(zip(self.params, args)):
-      try: values.append(_ffi.new(f"{t} *", a))
-      except (TypeError, OverflowError) as e:
-        kind = "a pointer: pass a device pointer (an int)" if t == "CUdeviceptr" else f"of C type {t}"
-        raise TypeError(f"kernel {self.name} (in {self.path}) argument {i} is {kind}; cannot pass {a!r}: {e}") from None
-    params = _ffi.new("void *[]", max(len(values), 1))
-    for i, v in enumerate(values): params[i] = v
     self.device.activate()
     if not wait:
       self._launch(grid, block, params)
@@ -345,6 +352,21 @@ class CUDAProgram:
     finally:
       _lib.cuEventDestroy_v2(start[0])
 
+  def pack(self, args: Sequence[int | float]) -> tuple[Any, list]:
+    """kernelParams for `args`: an array of pointers, each to one argument's value stored in its parameter's C type;
+    and the values it points at (keep them alive until the launch, or the graph node, has read them)."""
+    if len(args) != len(self.params):
+      raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
+    values = []
+    for i, (t, a) in enumerate(zip(self.params, args)):
+      try: values.append(_ffi.new(f"{t} *", a))
+      except (TypeError, OverflowError) as e:
+        kind = "a pointer: pass a device pointer (an int)" if t == "CUdeviceptr" else f"of C type {t}"
+        raise TypeError(f"kernel {self.name} (in {self.path}) argument {i} is {kind}; cannot pass {a!r}: {e}") from None
+    params = _ffi.new("void *[]", max(len(values), 1))
+    for i, v in enumerate(values): params[i] = v
+    return params, values
+
   def _launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: Any) -> None:
     code = _lib.cuLaunchKernel(self.function, *grid, *block, self.shared, _ffi.NULL, params, _ffi.NULL)
     if code != 0:
@@ -354,6 +376,60 @@ class CUDAProgram:
                                     f"to {d.max_block_dims} and grids up to {d.max_grid_dims}")
 
   def __repr__(self): return f"<CUDAProgram {self.name} in {self.path}>"
+
+
+class CUDAGraph:
+  """Kernel launches recorded once as a CUDA graph and launched again and again by one driver call (instead of one
+  cuLaunchKernel each, issued from Python). The launches form a chain, each after the one before, so a launch of the
+  graph means what launching them in order on the default stream means; it is itself launched on that stream.
+
+  `launches`: (program, args, global_size, local_size) per kernel, as `CUDAProgram.__call__` takes them.
+  `set_args(i, args)` changes launch i's arguments for the next launches (a new input or output pointer)."""
+
+  def __init__(self, device: CUDADevice, launches: Sequence[tuple[CUDAProgram, Sequence[int | float], Any, Any]]):
+    self.device, self.graph, self.exec = device, None, None
+    self.launches = [(prog, _dims(g, "global_size"), _dims(l, "local_size")) for prog, _, g, l in launches]
+    device.activate()
+    graph = _ffi.new("CUgraph *")
+    _call("cuGraphCreate", graph, 0)
+    self.graph, self.nodes = graph[0], []
+    for i, (_, args, _, _) in enumerate(launches):
+      node, after = _ffi.new("CUgraphNode *"), self.nodes[-1:]
+      params, _values = self._node_params(i, args)
+      _call("cuGraphAddKernelNode", node, self.graph, _ffi.new("CUgraphNode[]", after) if after else _ffi.NULL,
+            len(after), params, context=f"recording kernel {self.launches[i][0].name} into a CUDA graph")
+      self.nodes.append(node[0])
+    exec_ = _ffi.new("CUgraphExec *")
+    _call("cuGraphInstantiateWithFlags", exec_, self.graph, 0)
+    self.exec = exec_[0]
+
+  def _node_params(self, i: int, args: Sequence[int | float]) -> tuple[Any, list]:
+    prog, grid, block = self.launches[i]
+    kernel_params, values = prog.pack(args)
+    p = _ffi.new("CUDA_KERNEL_NODE_PARAMS *")
+    p.func, p.sharedMemBytes, p.kernelParams, p.extra = prog.function, prog.shared, kernel_params, _ffi.NULL
+    p.gridDimX, p.gridDimY, p.gridDimZ = grid
+    p.blockDimX, p.blockDimY, p.blockDimZ = block
+    return p, [kernel_params, values]   # the driver copies the values when it takes p
+
+  def set_args(self, i: int, args: Sequence[int | float]) -> None:
+    params, _values = self._node_params(i, args)
+    self.device.activate()
+    _call("cuGraphExecKernelNodeSetParams", self.exec, self.nodes[i], params)
+
+  def launch(self) -> None:
+    self.device.activate()
+    _call("cuGraphLaunch", self.exec, _ffi.NULL)
+
+  def close(self) -> None:
+    """Destroy the graph (also at garbage collection; not at interpreter exit, when the driver may be gone)."""
+    if _exiting or _lib is None: return
+    if self.exec is not None: _lib.cuGraphExecDestroy(self.exec); self.exec = None
+    if self.graph is not None: _lib.cuGraphDestroy(self.graph); self.graph = None
+
+  def __del__(self):
+    try: self.close()
+    except Exception: pass   # a destructor must not raise; the process is ending or the context is gone
 
 
 # ---------------------------------------------------------------- device

@@ -123,13 +123,9 @@ class Program:
   def run(self, inputs: list, debug: int = 0, step_seconds: list[float] | None = None) -> list[UOp]:
     """Run every step on `inputs` (a Buffer per parameter, in order, of the kinds the cache key matched:
     runtime/realize.py `graph_key`); the realized `VIEW(BUFFER)` of each output. With a `step_seconds` list, each step is waited
-    for on its devices and its seconds appended: their sum is the device's share of a run (benchmarks tell host time
-    from kernel time by it)."""
-    buffers: list = [None] * len(self.table)
-    handles: list = [None] * len(self.table)
-    for i, e in enumerate(self.table):
-      if e[0] == "param": buffers[i] = inputs[e[1]]; handles[i] = buffers[i].handle
-      elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
+    for on its devices and its seconds appended (a kernel's as the device measures it, other steps' by the clock): their
+    sum is the device's share of a run (benchmarks tell host time from kernel time by it)."""
+    buffers, handles = self.bind(inputs)
     storage: list = [None] * len(self.storages)
     try:
       if step_seconds is None:
@@ -138,6 +134,8 @@ class Program:
         devices = [get_device(d) for d in sorted(self.devices)]
         for step in self.steps:
           for d in devices: d.synchronize()
+          if step[0] == "call":   # the device's own clock: no launch overhead of the host's in a kernel's time
+            step_seconds.append(_launch(step[1], [handles[i] for i in step[2]], wait=True) or 0.0); continue
           t0 = time.perf_counter()
           self._step(step, handles, storage, debug)
           for d in devices: d.synchronize()
@@ -145,6 +143,20 @@ class Program:
     finally:
       for s, h in enumerate(storage):  # after a failure, what is still held goes back too
         if h is not None: get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])
+    return self.results(buffers)
+
+  def bind(self, inputs: list) -> tuple[list, list]:
+    """Per table entry, the Buffer of a run (the input for a parameter, a new one for a returned buffer, None for an
+    intermediate) and its device handle."""
+    buffers: list = [None] * len(self.table)
+    handles: list = [None] * len(self.table)
+    for i, e in enumerate(self.table):
+      if e[0] == "param": buffers[i] = inputs[e[1]]; handles[i] = buffers[i].handle
+      elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
+    return buffers, handles
+
+  def results(self, buffers: list) -> list[UOp]:
+    """The realized `VIEW(BUFFER)` of each output, from a run's buffers."""
     return [UOp(Ops.VIEW, dt, (UOp(Ops.BUFFER, dt, (), buffers[i]),), view) for dt, view, i in self.outputs]
 
   def _step(self, step: tuple, handles: list, storage: list, debug: int) -> None:

@@ -137,7 +137,7 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
     place[n] = len(parts)
     if n.op is Ops.BUFFER and not isinstance(n.arg, NewBuffer):
       parts.append(("param", n.dtype, n.arg.size, n.arg.device)); params.append(n)
-    else: parts.append((n.op, n.dtype, n._key[3], tuple([place[s] for s in n.src])))
+    else: parts.append((n.op, n.dtype, n._key[2], tuple([place[s] for s in n.src])))
   written = []
   for t in targets or ():
     if t is None: written.append(None); continue

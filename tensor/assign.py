@@ -204,8 +204,7 @@ def write_many(writes: list, also=()) -> None:
   if not writes: return
   also = [r for r in dict.fromkeys(to_realize(a) for a in also if not a.is_realized) if r is not None and not r.is_realized]
   value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
-  read: set = set()
-  for u in value_uops + [a.uop for a in also]: read.update(u.toposort)
+  read = UOp(Ops.SINK, dtypes.void, tuple(value_uops + [a.uop for a in also])).toposort   # one walk of them all
   nodes = []
   for target, _, _ in writes:
     old = target.uop.src[0]

@@ -19,6 +19,8 @@ What may not change between calls (the captured program is the graph of call 2, 
   - The function must only build its result: work it runs itself (an assign, `t[...] = v`, `.numpy()`, `.item()`,
     `.realize()`) would be skipped by a replay, so capturing such a function is a JitError.
   - The result is a Tensor, or a tuple or list of Tensors; each replay returns new tensors (new memory).
+On a GPU the replay launches the program's kernels as CUDA graphs (runtime/replay.py): one driver call per run of
+kernels instead of one per kernel; the captured program then keeps its intermediates' memory between calls.
 A jit function is called from one thread at a time (its table of captures is its own). Tensor arguments that are lazy
 are realized first; an argument that is not a Tensor, a Python scalar, string,
 None or a tuple of those is an error (it could not be compared between calls).
@@ -41,6 +43,7 @@ class _Capture:
   bind: list[tuple[str, Any]]       # per program parameter: ("arg", the tensor argument's number) or ("held", Buffer)
   shape: str                        # "one", "tuple" or "list": how the result is returned
   outputs: list[tuple[tuple[int, ...], str]]   # each output's shape and device
+  runner: Any = None                # after its first run: the program, or on a GPU its replay through CUDA graphs
 
 
 class Jit:
@@ -106,7 +109,9 @@ class Jit:
   @staticmethod
   def _replay(cap: _Capture, buffers: list):
     from .tensor import Tensor
-    realized = cap.program.run([buffers[x] if kind == "arg" else x for kind, x in cap.bind])
+    from runtime.replay import replayer
+    realized = (cap.runner or cap.program).run([buffers[x] if kind == "arg" else x for kind, x in cap.bind])
+    if cap.runner is None: cap.runner = replayer(cap.program)   # its picks are made now
     out = [Tensor._from_uop(u, shape, device) for u, (shape, device) in zip(realized, cap.outputs)]
     return out[0] if cap.shape == "one" else tuple(out) if cap.shape == "tuple" else out
 

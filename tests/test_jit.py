@@ -99,3 +99,30 @@ def test_errors_name_the_problem(monkeypatch):
   h = jit(lambda x: x + 1)
   h(Tensor(np.ones(1, np.float32))); h(Tensor(np.ones(2, np.float32)))
   with pytest.raises(JitError, match="3 different signatures.*at most 2"): h(Tensor(np.ones(3, np.float32)))
+
+
+def test_on_a_gpu_replays_run_as_cuda_graphs_on_each_calls_memory(monkeypatch):
+  from runtime.replay import GraphReplay, replayer
+  from runtime.cuda import CUDAUnavailable
+  try: Tensor(np.ones(1, np.float32), device="CUDA").realize()
+  except CUDAUnavailable: pytest.skip("no CUDA GPU here")
+  w = rand(64, 64)
+  weights = Tensor(w, device="CUDA")
+  f = jit(lambda x: ((x @ weights).relu() + 1).sum(1) * 2)
+  outs = []
+  for i in range(6):   # inputs and outputs at new addresses each call: the graph's launches follow them
+    x = rand(32, 64, seed=i)
+    outs.append(f(Tensor(x, device="CUDA")))
+    np.testing.assert_allclose(outs[-1].numpy(), (np.maximum(x @ w, 0) + 1).sum(1) * 2, rtol=1e-4)
+  (cap,) = f.captures.values()
+  assert isinstance(cap.runner, GraphReplay)
+  monkeypatch.setenv("GRAFT_CUDA_GRAPH", "0")
+  assert replayer(cap.program) is cap.program   # launch by launch: what graphs save is measured against this
+
+
+def test_a_program_on_the_cpu_is_its_own_replay():
+  from runtime.replay import replayer
+  f = jit(lambda x: x * 2 + 1)
+  for i in range(3): f(Tensor(rand(4, seed=i), device="CPU"))
+  (cap,) = f.captures.values()
+  assert replayer(cap.program) is cap.program and cap.runner is cap.program

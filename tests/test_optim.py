@@ -1,8 +1,10 @@
 """Optimizers (tensor/optim.py) follow torch's: a 30-step MLP run, step by step, and each optimizer's options."""
+import gc, weakref
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from rewrite import Ops
 from tensor import Tensor
 from tensor.optim import SGD, Adam, AdamW
 from runtime.realize import last_program
@@ -82,6 +84,27 @@ def test_step_is_one_realize_writing_every_parameter_and_state_in_place():
   assert loss.is_realized and all(p.grad.is_realized for p in ps)
   assert program is not None and len(program.outputs) >= 3 * len(ps) + len(ps) + 1
   assert [p.uop.src[0].arg.handle for p in ps + opt.m + opt.v] == memory, "updates go into the tensors' own memory"
+
+
+def test_a_training_loop_gives_old_buffers_back_without_the_cyclic_collector():
+  # a step's dead graph goes by reference counting, and the memory it names with it: the old versions of the
+  # parameters that the forward pass read, the gradients of the step before
+  x, y, ws = _data()
+  ps = [Tensor(w, requires_grad=True) for w in ws]
+  opt, X, Y = AdamW(ps, lr=1e-2), Tensor(x), Tensor(y)
+  gc.disable()
+  try:
+    for _ in range(3):
+      loss = ((X.linear(ps[0], ps[1]).relu().linear(ps[2], ps[3]) - Y) ** 2).mean()
+      opt.zero_grad()
+      loss.backward()
+      named = [weakref.ref(n.arg) for g in [loss] + [p.grad for p in ps] for n in g.uop.toposort if n.op is Ops.BUFFER]
+      opt.step()
+      loss.item()
+      del loss
+      live = {id(t.uop.src[0].arg) for t in ps + opt.m + opt.v + [p.grad for p in ps] + [X, Y, opt._lr, opt.b1_t, opt.b2_t]}
+      assert all(r() is None or id(r()) in live for r in named)
+  finally: gc.enable()
 
 
 def test_changing_the_learning_rate_takes_effect():

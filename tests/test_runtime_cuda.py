@@ -167,6 +167,25 @@ def test_kernels_match_numpy(gpu):
   np.testing.assert_array_equal(W.numpy(), np.arange(total, dtype=np.int32))
 
 
+def test_a_cuda_graph_runs_its_launches_in_order_and_takes_new_arguments(gpu):
+  add = gpu.build(KERNELS, ["add"])["add"]
+  n = 1000
+  a, b, c = (np.random.default_rng(i).random(n, np.float32) for i in range(3))
+  A, B, C = (Buffer("CUDA", n, dtypes.float32).copyin(x) for x in (a, b, c))
+  T, out = Buffer("CUDA", n, dtypes.float32), Buffer("CUDA", n, dtypes.float32)
+  grid = (n + 255) // 256
+  graph = cuda.CUDAGraph(gpu, [(add, [T.handle, A.handle, B.handle, n], grid, 256),     # t = a + b
+                               (add, [out.handle, T.handle, B.handle, n], grid, 256)])  # out = t + b: after the first
+  graph.launch()
+  np.testing.assert_array_equal(out.numpy(), (a + b) + b)
+  graph.set_args(0, [T.handle, C.handle, B.handle, n])   # t = c + b from now on
+  graph.launch(); graph.launch()
+  np.testing.assert_array_equal(out.numpy(), (c + b) + b)
+  with pytest.raises(TypeError, match="takes 4 arguments"):
+    graph.set_args(1, [out.handle])
+  graph.close(); graph.close()   # closing twice is harmless
+
+
 def test_build_is_cached_and_checks_names(gpu):
   gpu.build(KERNELS, ["add"])
   before = dict(cache.stats)

@@ -67,11 +67,29 @@ def test_dead_nodes_are_freed():
   assert UOp(Ops.CONST, dtypes.int32, (), 123456789).arg == 123456789  # and building it again is fine
 
 
-def test_a_whole_dead_graph_is_freed():
-  # every node here is unique to this test, so nothing else keeps one alive
+def test_a_whole_dead_graph_is_freed_at_once():
+  # every node here is unique to this test, so nothing else keeps one alive; its toposort was asked (cached on it)
+  # and the cache's keys name its nodes: neither keeps the graph alive, so it goes by reference counting, without
+  # waiting for the cyclic collector
   refs = [weakref.ref(n) for n in (UOp.variable("dead", 0, 3) * 55555 + 77777).toposort]
-  gc.collect()
   assert all(r() is None for r in refs)
+  gc.disable()
+  try:
+    x = UOp.variable("deeper", 0, 3)
+    for i in range(50): x = (x + 9898) * (i + 1)
+    x.toposort, x.src[0].toposort   # cached on two nodes of the chain
+    refs = [weakref.ref(n) for n in x.toposort]
+    del x
+    assert all(r() is None for r in refs)
+  finally: gc.enable()
+
+
+def test_an_equal_node_built_after_its_twin_died_is_interned_again():
+  x = UOp.variable("twin", 0, 3)
+  size = len(uop_module._cache)
+  ref = weakref.ref(x * 31337)
+  assert ref() is None and len(uop_module._cache) == size   # its entry went with it
+  assert x * 31337 is x * 31337
 
 
 def test_pickling_reinterns():
@@ -104,13 +122,15 @@ def test_replace():
 
 # ---- walks on deep graphs ----
 
-def test_toposort_orders_sources_first_and_is_cached():
+def test_toposort_orders_sources_first_and_is_the_callers_own():
   x = UOp.variable("x", 0, 10)
   e = (x + 1) * (x + 1)
   order = list(e.toposort)
   assert order[-1] is e and order.index(x) < order.index(x + 1) < order.index(e)
   assert len(order) == 4                  # x, 1, x+1, e: the shared x+1 once
-  assert e.toposort is e.toposort
+  mine = e.toposort
+  mine.clear()                            # a dict of the caller's: the cached walk is untouched
+  assert list(e.toposort) == order and list((e + 1).toposort) == order + [e + 1]   # (the 1 is x + 1's)
 
 
 def test_deep_chain_walks_bounds_and_printing_do_not_recurse():
