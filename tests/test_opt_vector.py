@@ -50,12 +50,27 @@ def test_strided_lanes_gather_and_scatter():
 
 
 def test_ops_without_a_vector_form_run_lane_by_lane():
-  t = (Tensor(a) * 2).maximum(0.0).exp()
+  t = (Tensor(a) * 2).maximum(0.0).sqrt()
   linear, _ = lowered(t, V(1))
-  # the product is one 8-lane vector op; exp has no vector form: each lane taken out (GEP), exp'd alone, put back
+  # the product is one 8-lane vector op; sqrt has no vector form: each lane taken out (GEP), sqrt'd alone, put back
   assert any(u.op is Ops.MUL and u.dtype.count == 8 for u in linear.src)
-  assert sum(u.op is Ops.EXP2 and u.dtype.count == 1 for u in linear.src) == 8 == sum(u.op is Ops.GEP for u in linear.src)
-  assert_allclose(run_with(t, V(1)), np.exp(np.maximum(a * 2, 0)), rtol=1e-5)
+  assert sum(u.op is Ops.SQRT and u.dtype.count == 1 for u in linear.src) == 8 == sum(u.op is Ops.GEP for u in linear.src)
+  assert_allclose(run_with(t, V(1)), np.sqrt(np.maximum(a * 2, 0)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_exp_in_vector_lanes_gives_the_scalar_exps_bits(lanes):
+  # g_exp2f_x<n> does g_exp2f's operations in the same order: every lane the same bits as the scalar path, over
+  # the whole range (underflow, overflow, infinities, NaN, -0.0)
+  x = np.concatenate([np.linspace(-160, 140, 4096 - 16, dtype=np.float32),
+                      np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 88.7, -87.3, 127.99, 128, -149.5, -126,
+                                0.5, -0.5, 1], dtype=np.float32)]).reshape(-1, 16)
+  t = Tensor(x).exp2()
+  linear, _ = lowered(t, V(1, lanes))
+  assert vector_ops(linear, Ops.EXP2) and not any(u.op is Ops.GEP for u in linear.src)
+  vector, scalar = run_with(t, V(1, lanes)), run_with(t)
+  np.testing.assert_array_equal(vector.view(np.int32), scalar.view(np.int32))
+  with np.errstate(over="ignore"): assert_allclose(vector, np.exp2(x), rtol=3e-7, atol=1e-44)   # (subnormals: 2^-149 steps)
 
 
 def test_masked_loads_of_padding_keep_a_validity_per_lane():
@@ -103,9 +118,19 @@ def test_vector_compares_and_selects_keep_nan_and_broadcast_conditions():
 
 
 def test_a_mask_read_lane_by_lane_is_a_bool_again():
-  # exp has no vector form: it reads lanes of the selected vector; a compare's mask cast to float reads its lanes as 0/1
-  t = (Tensor(a) < 0).where(Tensor(a), 0.0).exp() + (Tensor(a) < 0).cast("float32")
-  assert_allclose(run_with(t, V(1)), np.exp(np.where(a < 0, a, 0)) + (a < 0), rtol=1e-6)
+  # sqrt has no vector form: it reads lanes of the selected vector; a compare's mask cast to float reads its lanes as 0/1
+  t = (Tensor(a) < 0).where(-Tensor(a), 0.0).sqrt() + (Tensor(a) < 0).cast("float32")
+  assert_allclose(run_with(t, V(1)), np.sqrt(np.where(a < 0, -a, 0)) + (a < 0), rtol=1e-6)
+
+
+def test_a_gelu_epilogue_runs_in_vector_lanes():
+  x, w, bias = a, rng.standard_normal((16, 32), dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+  t = Tensor(x).linear(Tensor(w), Tensor(bias)).gelu()
+  linear, plan = lowered(t)
+  assert vector_ops(linear, Ops.EXP2) and vector_ops(linear, Ops.RECIP) and not any(u.op is Ops.GEP for u in linear.src)
+  assert "g_exp2f_x" in render(linear)
+  y = x @ w.T + bias
+  assert_allclose(run_with(t, *plan.opts), 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3))), rtol=1e-5, atol=1e-6)
 
 
 def render(linear) -> str:

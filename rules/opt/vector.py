@@ -6,9 +6,10 @@ Stage `opt_vector` (rule set `vector_rules`). In: a kernel where one RANGE (the 
   per lane when it is masked); any other load is a gather (a `VECTORIZE` of one scalar load per lane);
 - float and int32 `+ * - /` of vectors are vector ops, a lane-independent operand broadcast (`VECTORIZE` of one
   source); so are `<` and `!=` of float32 or int32 vectors (a `bool` vector: a mask of 0 or -1 per lane, of the
-  operands' width) and a select (`WHERE`) of float32 or int32 vectors, so that a product's epilogue (relu) stays in
-  vector registers beside the tile; any other op reads its vector operands lane by lane (`GEP(vector, lane)`) and
-  stays scalar until a vector op, a reduction or a store asks for all lanes, which then gets one copy per lane;
+  operands' width), a select (`WHERE`) of float32 or int32 vectors, and float32 `exp2` and reciprocal, so that a
+  product's epilogue (relu, GELU's tanh) stays in vector registers beside the tile; any other op reads its vector
+  operands lane by lane (`GEP(vector, lane)`) and stays scalar until a vector op, a reduction or a store asks for
+  all lanes, which then gets one copy per lane;
 - a float sum over other loops accumulates a vector; a sum over the lane loop itself adds up its lanes at the end;
 - a store of contiguous lanes is one vector store, any other a store per lane.
 Values are unchanged, except that a float sum over the lane loop adds in another order.
@@ -31,6 +32,7 @@ def has_vector_form(x: UOp) -> bool:
   """Whether an op on vectors is one vector op (else it reads its operands lane by lane)."""
   if x.op in VECTOR_OPS: return x.dtype.scalar in VECTOR_TYPES
   if x.op in (Ops.CMPLT, Ops.CMPNE): return x.src[0].dtype.scalar in MASK_TYPES
+  if x.op in (Ops.EXP2, Ops.RECIP): return x.dtype.scalar is dtypes.float32   # (renderers/c.py: g_exp2f_x16, 1.0f/v)
   return x.op is Ops.WHERE and x.dtype.scalar in MASK_TYPES
 
 
