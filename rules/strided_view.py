@@ -14,7 +14,7 @@ all-padding view (strides 0, offset 0, every interval (0, 0)); a view with no el
 """
 from __future__ import annotations
 from dataclasses import dataclass
-import math
+import functools, math
 from rewrite import UOp, dtypes
 
 Interval = tuple[int, int]
@@ -27,6 +27,26 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides.append(acc if s != 1 else 0)
     acc *= s
   return tuple(reversed(strides))
+
+
+_MISS = object()
+MEMO_SIZE = 4096   # views remembered per movement; past that the table starts over
+
+
+def memoized(move):
+  """A movement of a View, remembered by (view, arguments): a View is immutable, and a model builds the same views
+  every call (a linear layer's reshape and expand), where making and checking a new View each time cost a third
+  of building the graph. Unhashable arguments (a list) are computed, not remembered; errors are not remembered."""
+  table: dict = {}
+  @functools.wraps(move)
+  def remembered(*args):
+    try: hit = table.get(args, _MISS)
+    except TypeError: return move(*args)
+    if hit is _MISS:
+      if len(table) >= MEMO_SIZE: table.clear()
+      hit = table[args] = move(*args)
+    return hit
+  return remembered
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,7 @@ class View:
 
   # ---- construction and properties ----
   @staticmethod
+  @memoized
   def contiguous(shape: tuple[int, ...]) -> View:
     shape = _check_shape(shape, "View.contiguous")
     return View(shape, contiguous_strides(shape), 0, None)
@@ -79,6 +100,7 @@ class View:
     return self.mask is not None and any(lo >= hi for lo, hi in self.mask)
 
   # ---- movements ----
+  @memoized
   def permute(self, order: tuple[int, ...]) -> View:
     order = tuple(order)
     if sorted(order) != list(range(self.ndim)):
@@ -86,6 +108,7 @@ class View:
     return View(tuple(self.shape[d] for d in order), tuple(self.strides[d] for d in order), self.offset,
                 None if self.mask is None else tuple(self.mask[d] for d in order))
 
+  @memoized
   def expand(self, new_shape: tuple[int, ...]) -> View:
     new_shape = _check_shape(new_shape, "expand")
     if len(new_shape) != self.ndim or any(s != n and s != 1 for s, n in zip(self.shape, new_shape)):
@@ -97,6 +120,7 @@ class View:
     return View(new_shape, tuple(st if s == n else 0 for st, s, n in zip(self.strides, self.shape, new_shape)),
                 self.offset, mask)
 
+  @memoized
   def pad(self, padding: tuple[tuple[int, int], ...]) -> View:
     padding = tuple(tuple(p) for p in padding)
     if len(padding) != self.ndim or any(len(p) != 2 for p in padding):
@@ -108,6 +132,7 @@ class View:
                 self.offset - sum(b * st for (b, _), st in zip(padding, self.strides)),
                 tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(mask, padding)))
 
+  @memoized
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> View:
     bounds = tuple(tuple(b) for b in bounds)
     if len(bounds) != self.ndim or any(len(b) != 2 for b in bounds):
@@ -118,6 +143,7 @@ class View:
     return View(tuple(e - b for b, e in bounds), self.strides,
                 self.offset + sum(b * st for (b, _), st in zip(bounds, self.strides)), mask)
 
+  @memoized
   def flip(self, axes: tuple[int, ...]) -> View:
     axes = tuple(axes)
     norm = tuple(a + self.ndim if a < 0 else a for a in axes)
@@ -132,6 +158,7 @@ class View:
       if mask is not None: mask[a] = (s - mask[a][1], s - mask[a][0])
     return View(self.shape, tuple(strides), offset, None if mask is None else tuple(mask))
 
+  @memoized
   def reshape(self, new_shape: tuple[int, ...]) -> View | None:
     """The single view reading like this one reshaped to `new_shape`; None when no single view can (then stack
     `View.contiguous(new_shape)` on top instead)."""
