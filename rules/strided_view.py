@@ -18,10 +18,11 @@ import functools, math
 from rewrite import UOp, dtypes
 
 Interval = tuple[int, int]
+MAX_MEMO = 1 << 14   # entries each memo below keeps (all dropped at once when full): a model's views are a few hundred
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-  """Row-major strides of `shape`, with 0 on size-1 dimensions (canonical form)."""
+@functools.lru_cache(maxsize=MAX_MEMO)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
   strides, acc = [], 1
   for s in reversed(shape):
     strides.append(acc if s != 1 else 0)
@@ -29,24 +30,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
   return tuple(reversed(strides))
 
 
-_MISS = object()
-MEMO_SIZE = 4096   # views remembered per movement; past that the table starts over
-
-
-def memoized(move):
-  """A movement of a View, remembered by (view, arguments): a View is immutable, and a model builds the same views
-  every call (a linear layer's reshape and expand), where making and checking a new View each time cost a third
-  of building the graph. Unhashable arguments (a list) are computed, not remembered; errors are not remembered."""
-  table: dict = {}
-  @functools.wraps(move)
-  def remembered(*args):
-    try: hit = table.get(args, _MISS)
-    except TypeError: return move(*args)
-    if hit is _MISS:
-      if len(table) >= MEMO_SIZE: table.clear()
-      hit = table[args] = move(*args)
-    return hit
-  return remembered
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """Row-major strides of `shape`, with 0 on size-1 dimensions (canonical form)."""
+  return _contiguous_strides(shape if shape.__class__ is tuple else tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -70,16 +56,26 @@ class View:
         for d, (lo, hi) in enumerate(mask):
           if hi - lo == 1: offset, strides[d] = offset + lo * strides[d], 0  # one readable index: its stride is moot
         if all(m == (0, s) for m, s in zip(mask, shape)): mask = None
-    strides = [0 if s == 1 else st for s, st in zip(shape, strides)]
-    for name, value in (("shape", shape), ("strides", tuple(strides)), ("offset", offset), ("mask", mask)):
-      object.__setattr__(self, name, value)
+    strides = tuple([0 if s == 1 else st for s, st in zip(shape, strides)])
+    d = self.__dict__   # (a frozen dataclass: its fields are set past __setattr__)
+    d["shape"], d["strides"], d["offset"], d["mask"] = shape, strides, offset, mask
+    d["_hash"] = hash((shape, strides, offset, mask))   # views key the movement memo: hashed once
+
+  # equal by value, hashed once (the dataclass's own would build and hash the tuple of fields on every lookup)
+  def __hash__(self) -> int: return self._hash
+  def __eq__(self, other) -> bool:
+    return self is other or (other.__class__ is View and self._hash == other._hash and self.shape == other.shape and
+                             self.strides == other.strides and self.offset == other.offset and self.mask == other.mask)
+  # the hash is not pickled: a hash of None differs between processes
+  def __getstate__(self) -> dict: return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self.__dict__["_hash"] = hash((self.shape, self.strides, self.offset, self.mask))
 
   # ---- construction and properties ----
   @staticmethod
-  @memoized
   def contiguous(shape: tuple[int, ...]) -> View:
-    shape = _check_shape(shape, "View.contiguous")
-    return View(shape, contiguous_strides(shape), 0, None)
+    return contiguous_view(_check_shape(shape, "View.contiguous"))
 
   @staticmethod
   def padding(shape: tuple[int, ...]) -> View | None:
@@ -100,7 +96,6 @@ class View:
     return self.mask is not None and any(lo >= hi for lo, hi in self.mask)
 
   # ---- movements ----
-  @memoized
   def permute(self, order: tuple[int, ...]) -> View:
     order = tuple(order)
     if sorted(order) != list(range(self.ndim)):
@@ -108,7 +103,6 @@ class View:
     return View(tuple(self.shape[d] for d in order), tuple(self.strides[d] for d in order), self.offset,
                 None if self.mask is None else tuple(self.mask[d] for d in order))
 
-  @memoized
   def expand(self, new_shape: tuple[int, ...]) -> View:
     new_shape = _check_shape(new_shape, "expand")
     if len(new_shape) != self.ndim or any(s != n and s != 1 for s, n in zip(self.shape, new_shape)):
@@ -120,7 +114,6 @@ class View:
     return View(new_shape, tuple(st if s == n else 0 for st, s, n in zip(self.strides, self.shape, new_shape)),
                 self.offset, mask)
 
-  @memoized
   def pad(self, padding: tuple[tuple[int, int], ...]) -> View:
     padding = tuple(tuple(p) for p in padding)
     if len(padding) != self.ndim or any(len(p) != 2 for p in padding):
@@ -132,7 +125,6 @@ class View:
                 self.offset - sum(b * st for (b, _), st in zip(padding, self.strides)),
                 tuple((lo + b, hi + b) for (lo, hi), (b, _) in zip(mask, padding)))
 
-  @memoized
   def shrink(self, bounds: tuple[tuple[int, int], ...]) -> View:
     bounds = tuple(tuple(b) for b in bounds)
     if len(bounds) != self.ndim or any(len(b) != 2 for b in bounds):
@@ -143,7 +135,6 @@ class View:
     return View(tuple(e - b for b, e in bounds), self.strides,
                 self.offset + sum(b * st for (b, _), st in zip(bounds, self.strides)), mask)
 
-  @memoized
   def flip(self, axes: tuple[int, ...]) -> View:
     axes = tuple(axes)
     norm = tuple(a + self.ndim if a < 0 else a for a in axes)
@@ -158,7 +149,6 @@ class View:
       if mask is not None: mask[a] = (s - mask[a][1], s - mask[a][0])
     return View(self.shape, tuple(strides), offset, None if mask is None else tuple(mask))
 
-  @memoized
   def reshape(self, new_shape: tuple[int, ...]) -> View | None:
     """The single view reading like this one reshaped to `new_shape`; None when no single view can (then stack
     `View.contiguous(new_shape)` on top instead)."""
@@ -243,6 +233,33 @@ def compose(inner: View, outer: View) -> View | None:
     if split is None or split == inner.shape: continue
     if (split_inner := inner.reshape(split)) is not None and (r := _compose_affine(split_inner, outer)) is not None: return r
   return None
+
+
+@functools.lru_cache(maxsize=MAX_MEMO)
+def contiguous_view(shape: tuple[int, ...]) -> View:
+  """View.contiguous of a shape already checked (a tuple of non-negative ints): one lookup."""
+  return View(shape, contiguous_strides(shape), 0, None)
+
+
+@functools.lru_cache(maxsize=MAX_MEMO)
+def scalar_view(shape: tuple[int, ...]) -> View:
+  """The View reading one element at every index of `shape` (all strides 0): how a constant gets a shape."""
+  return View(shape, (0,) * len(shape))
+
+
+_moves: dict[tuple, View | None] = {}
+
+
+def moved(view: View, move, arg) -> View | None:
+  """`move(view, arg)` (a View method such as View.reshape, or `strided`), remembered: a pure function of hashable
+  values, which a model's forward asks again with the same views on every call. Errors are raised, not remembered."""
+  key = (move, view, arg)
+  try: return _moves[key]
+  except KeyError: pass
+  out = move(view, arg)
+  if len(_moves) >= MAX_MEMO: _moves.clear()
+  _moves[key] = out
+  return out
 
 
 # ---- helpers ----

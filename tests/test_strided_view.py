@@ -312,11 +312,3 @@ def test_shape_of_deep_chain():
   assert shape_of(node) == (6,)
   assert shape_of(node.src[0]) == (2, 3)  # cached on the way
 
-
-def test_movements_of_a_view_are_remembered_and_errors_are_not():
-  v = View.contiguous((4, 6))
-  assert v.reshape((2, 12)) is v.reshape((2, 12)) and View.contiguous((4, 6)) is v
-  assert v.permute((1, 0)) is v.permute((1, 0)) and v.permute((1, 0)).strides == (1, 6)
-  assert v.reshape([3, 8]) == v.reshape((3, 8))   # an unhashable argument is computed, not remembered
-  for _ in range(2):
-    with pytest.raises(ValueError): v.reshape((5, 5))
