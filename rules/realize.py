@@ -59,9 +59,18 @@ class Realized:
 
 @dataclass
 class RealizeContext:
-  """The realize stage's context: each reduction decided into a buffer so far (the reduction -> its CONTIGUOUS)."""
-  reductions: dict[UOp, UOp] = field(default_factory=dict)
+  """The realize stage's context: each value decided into a buffer so far, and each the graph stores already (the
+  value -> its CONTIGUOUS)."""
+  stored: dict[UOp, UOp] = field(default_factory=dict)
   holds: dict[UOp, bool] = field(default_factory=dict)   # holds_reduction's answers: each node is asked once
+
+  def index_stored(self, sink: UOp) -> None:
+    """Each value the graph already stores (`contiguous()` of it: the gradient stores the forward reductions and
+    product operands its backward reads, rules/gradient.py) counts as decided: a value decided into a buffer is that
+    buffer, and reads those it computes from there (`read_realized_reductions`), instead of a second buffer of the
+    same value or a second product, both filled by one kernel of several stores."""
+    for n in sink.toposort:
+      if n.op is Ops.CONTIGUOUS and not is_buffer_view(n.src[0]): self.stored.setdefault(n.src[0], n)
 
   def holds_reduction(self, u: UOp) -> bool:
     """u computes a reduction itself, not behind a buffer. Remembered per node, so that asking at every VIEW of a long
@@ -79,22 +88,23 @@ class RealizeContext:
 
 def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:
   """x into a buffer, for a reason; the calling rule is named in the reason. A reduction decided before (each of its
-  readers may ask) is the buffer decided then: one buffer, and its graph is not walked again."""
-  if (done := ctx.reductions.get(x)) is not None: return done
+  readers may ask), or a value the graph stores already, is that buffer: one buffer, and its graph is not walked again.
+  An output (`device` given) gets a buffer of its own on that device."""
+  if device is None and (done := ctx.stored.get(x)) is not None: return done
   frame = sys._getframe(1)
   while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
   rule = frame.f_code
   out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
             Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
-  if x.op is Ops.REDUCE_AXIS: ctx.reductions[x] = out
+  if x.op is Ops.REDUCE_AXIS: ctx.stored[x] = out
   return out
 
 
 def read_realized_reductions(ctx: RealizeContext, x: UOp) -> UOp:
-  """x reading from its buffer each reduction it computes itself that is also decided into a buffer: attention's
+  """x reading from its buffer each value it computes itself that is also decided into a buffer, or stored: attention's
   probabilities exp(s - max(s)) / sum(...) read the scores s the max and the sum read, not a second product q @ k.T.
   Only the part of x not behind a buffer is looked at (the rest is computed elsewhere): linear over a realize."""
-  realized = {n: ctx.reductions[n] for n in _unrealized(x) if n is not x and n in ctx.reductions}
+  realized = {n: ctx.stored[n] for n in _unrealized(x) if n is not x and n in ctx.stored}
   return substitute(x, realized, opaque=is_realized) if realized else x
 
 
