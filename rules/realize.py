@@ -18,8 +18,8 @@ Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext
 a toposort of the kernel graph (`in_dependency_order`: a kernel after the kernels whose buffers it reads).
 
 Stage `group` (rule set `group_rules`, ctx: `GroupDecisions`, its index made by `GroupDecisions.index_schedule`
-before the rules run) merges the kernels of one output shape, device and depth in the kernel graph into one kernel with several
-stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
+before the rules run) merges the kernels of one output shape, device, depth in the kernel graph and products (`_group_key`) into one
+kernel with several stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
 kernels of one depth never need one another, so no merge makes a cycle. A kernel that reads one of its own shape is
 refused with its reason.
 """
@@ -356,8 +356,14 @@ def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
 
 
 def _group_key(k: UOp) -> tuple | None:
-  """What kernels must share to become one: device and output shape (a copy is never merged)."""
-  return (k.arg, kernel_output_shape(k)) if k.op is Ops.KERNEL else None
+  """What kernels must share to become one: device, output shape and the products they compute (a copy is never
+  merged). Two kernels of two different products (attention's dq and dk, say) stay apart: merged, neither loop nest
+  could be tiled as a product; kernels of one product (its value and values computed from it) merge, and compute it
+  once."""
+  if k.op is not Ops.KERNEL: return None
+  products = frozenset(n for st in k.src for n in st.src[1].toposort
+                       if n.op is Ops.REDUCE_AXIS and n.arg[0] is Ops.ADD and n.src[0].op is Ops.MUL)
+  return (k.arg, kernel_output_shape(k), products)
 
 
 @dataclass
