@@ -18,13 +18,15 @@ def main() -> None:
   ap.add_argument("--device", default="CPU"); ap.add_argument("--layers", type=int, default=12)
   ap.add_argument("--tokens", type=int, default=None); ap.add_argument("--width", type=int, default=768)
   ap.add_argument("--heads", type=int, default=12); ap.add_argument("--top", type=int, default=25)
+  ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
   a = ap.parse_args()
   tokens = a.tokens or (1024 if a.device == "CUDA" else 128)
-  from tensor import Tensor
+  from tensor import Tensor, dtypes
   from runtime.realize import find_program
   from gpt import GPT
-  model = GPT(a.layers, a.width, a.heads)
-  x = Tensor(np.random.default_rng(0).standard_normal((tokens, a.width), np.float32), device=a.device).realize()
+  model = GPT(a.layers, a.width, a.heads, getattr(dtypes, a.dtype))
+  x = Tensor(np.random.default_rng(0).standard_normal((tokens, a.width), np.float32), device=a.device)
+  x = x.cast(getattr(dtypes, a.dtype)).realize()
   model.forward(x).realize(); model.forward(x).realize()
   program, params = find_program([(model.forward(x).uop, a.device)])
   names = []
@@ -38,7 +40,7 @@ def main() -> None:
     if best is None or sum(seconds) < sum(best): best = seconds
   total, by = sum(best), defaultdict(lambda: [0.0, 0])
   for n, s in zip(names, best): by[n][0] += s; by[n][1] += 1
-  print(f"{a.device} gpt {a.layers} layers, {tokens} tokens, width {a.width}: kernel time {total * 1e3:.2f} ms over {len(best)} steps")
+  print(f"{a.device} {a.dtype} gpt {a.layers} layers, {tokens} tokens, width {a.width}: kernel time {total * 1e3:.2f} ms over {len(best)} steps")
   for n, (s, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
     plan = next((st[1].plan for st in program.steps if st[0] == "call" and st[1].name == n), "")
     print(f"  {s * 1e3:9.3f} ms  x{c:<3d} {100 * s / total:5.1f}%  {n}  {plan}")

@@ -140,7 +140,8 @@ def main():
   cfg = dict(device=args.device, layers=args.layers, tokens=args.tokens, width=args.width, heads=args.heads,
              batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
   if args.quick: cfg.update(layers=1, tokens=16, width=32, heads=2, batch=2, vocab=64, steps=3, warmup=1)
-  env = {**os.environ, "DEVICE": cfg["device"], "PYTHONPATH": str(ROOT)}
+  # the root ahead of what this process was given: a child finds what the parent found (cffi carried on a GPU host)
+  env = {**os.environ, "DEVICE": cfg["device"], "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
   results = {}
   for fw in ([args.only] if args.only else ["graft", "torch"]):
     res, err = run_isolated([sys.executable, __file__, "--worker", fw, "--config", json.dumps(cfg)], env, timeout=3600)

@@ -9,7 +9,9 @@ Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-
 holds a reduction and is read through an expand (recomputing a reduction per broadcast element would multiply its
 work), a reduction that feeds another reduction (it would be recomputed for every step of the outer one), and an
 operand of a product that elementwise ops compute and the product reads PROLOGUE_REUSE or more times over (a layer
-norm before a linear layer: computed once, not once per output column). Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
+norm before a linear layer: computed once, not once per output column). A half-precision value widened to float32
+for a product (`_mul_sum`) is stored as its halves from under its views (`store`): one qkv buffer serves q, k and v, and
+the product keeps the form tensor cores take. Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
@@ -26,7 +28,7 @@ refused with its reason.
 from __future__ import annotations
 import itertools, math, sys
 from dataclasses import dataclass, field
-from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, graph_rewrite, substitute, splice_sinks
+from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, graph_rewrite, substitute, splice_sinks
 from .strided_view import View
 from .shapes import shape_of
 
@@ -118,9 +120,25 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
   return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
 
 
+def widened_half(x: UOp) -> bool:
+  """x is a float16 or bfloat16 value cast to float32 (what `_mul_sum` makes of a half operand): such a value is stored
+  as the half value, its cast left to the reader (half the bytes; tensor cores read CASTs of half LOADs)."""
+  return x.op is Ops.CAST and x.dtype is dtypes.float32 and x.src[0].dtype.is_half
+
+
+def store(ctx: RealizeContext, x: UOp, why: str) -> UOp:
+  """x into a buffer (`decide`); a widened half value as its half value, and that from under its views (the views of
+  a value are free to read, and one buffer serves them all: q, k and v of one qkv product)."""
+  if not widened_half(x): return decide(ctx, x, why)
+  value = x.src[0]
+  if value.op is Ops.VIEW and not is_realized(value.src[0]) and not expands(value.arg):
+    return x.replace(src=(value.replace(src=(decide(ctx, value.src[0], why),)),))
+  return x.replace(src=(decide(ctx, value, why),))
+
+
 def _realize_before_expand(ctx: RealizeContext, v: UOp, x: UOp) -> UOp | None:
   if x.op is Ops.CONTIGUOUS or not expands(v.arg) or not ctx.holds_reduction(x): return None
-  return v.replace(src=(decide(ctx, x, "a reduction read through an expand, computed once"),))
+  return v.replace(src=(store(ctx, x, "a reduction read through an expand, computed once"),))
 
 
 def _realize_reduction_inputs(ctx: RealizeContext, r: UOp, x: UOp) -> UOp | None:
@@ -140,14 +158,24 @@ def _realize_product_operands(ctx: RealizeContext, r: UOp, m: UOp) -> UOp | None
   # computed again for every output column, inside the product's innermost loop: computed once into a buffer instead,
   # the product then reads buffers only (its register tile, or the library's gemm). A cast or a view of a buffer
   # (a float16 operand widened) costs nothing to recompute and keeps the product's form.
+  # A widened half operand (`_mul_sum`'s CAST to float32 of a float16 or bfloat16 value) is stored as the half value,
+  # its cast left in the product: half the bytes, and the product keeps the form tensor cores take (a CAST of a half
+  # LOAD, rules/opt/tensor_core.py). For the same reason a half operand read through a view of a view (heads merged
+  # back: `(p @ v).permute(1, 0, 2).reshape(T, D)`), whose rows are not contiguous along k, is stored in order.
   if r.arg[0] is not Ops.ADD or not r.dtype.is_float: return None
   swap = {}
   for v in m.src:
     if v.op is not Ops.VIEW or is_realized(x := v.src[0]) or x.op is Ops.CONST or ctx.holds_reduction(x): continue
     reuse = math.prod(s for s, st in zip(v.arg.shape, v.arg.strides) if st == 0 and s > 1)
-    if reuse >= PROLOGUE_REUSE and any(n.op in GroupOp.ALU for n in _unrealized(x)):
-      swap[v] = v.replace(src=(decide(ctx, x, f"an operand of a product computed once, not once per each of {reuse} "
-                                              f"output columns"),))
+    if reuse < PROLOGUE_REUSE: continue
+    widened = widened_half(x)
+    value = x.src[0] if widened else x
+    if any(n.op in GroupOp.ALU for n in _unrealized(value)):
+      why = f"an operand of a product computed once, not once per each of {reuse} output columns"
+    elif widened and value.op is Ops.VIEW and value.src[0].op is Ops.VIEW:
+      why = "a half operand of a product read through a view of a view, stored in order along k (for tensor cores)"
+    else: continue
+    swap[v] = v.replace(src=(store(ctx, x, why),))
   return r.replace(src=(m.replace(src=tuple(swap.get(s, s) for s in m.src)),)) if swap else None
 
 

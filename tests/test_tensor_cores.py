@@ -73,6 +73,38 @@ def test_what_does_not_fit_stays_on_the_other_gpu_plans(make):
   assert "g_mma_tile" not in "".join(make().kernel_sources(device="CUDA"))
 
 
+def kernels_of(t) -> list[tuple[str, bool]]:
+  """(name, on tensor cores?) of each kernel realizing t would compile for a GPU."""
+  return [(src.split(" void ")[1].split("(")[0], "g_mma_tile" in src) for src in t.kernel_sources(device="CUDA")]
+
+
+@pytest.mark.parametrize("make", [
+  lambda x, g: (x.layernorm(-1) * g) @ Tensor(normal(256, 384)),                       # a layer norm before the product
+  lambda x, g: (x.float() * 2).half() @ Tensor(normal(256, 384)),                        # any computed half operand
+  lambda x, g: Tensor(normal(4, 128, 64)).permute(1, 0, 2).reshape(128, 256) @ Tensor(normal(256, 256)),  # heads merged
+], ids=["layernorm", "computed", "heads-merged"])
+def test_a_computed_or_rearranged_half_operand_is_stored_as_halves_and_the_product_stays_on_tensor_cores(make):
+  x, g = Tensor(normal(128, 256)), Tensor(normal(256))
+  stored, product = kernels_of(make(x, g))
+  assert not stored[1] and product[1]
+  (src, _) = make(x, g).kernel_sources(device="CUDA")
+  assert src.split(" void ")[1].split("(")[1].startswith("half* __restrict__ data0")   # the operand's buffer holds halves, not floats
+
+
+def half_attention_layer(device: str = "CPU", T: int = 256, D: int = 256, H: int = 4) -> Tensor:
+  import math
+  x, w_qkv, w_proj = (Tensor(normal(*s, seed=i) * 0.1, device=device) for i, s in enumerate([(T, D), (D, 3 * D), (D, D)]))
+  q, k, v = (x.layernorm(-1) @ w_qkv).reshape(T, 3, H, D // H).permute(1, 2, 0, 3)   # one product for q, k and v
+  causal = Tensor.full((T, T), True, device=device).triu(1)
+  p = (q @ k.transpose(-1, -2) * (1 / math.sqrt(D // H))).masked_fill(causal, -math.inf).softmax(-1)
+  return (p @ v).permute(1, 0, 2).reshape(T, D) @ w_proj
+
+
+def test_every_product_of_a_float16_transformer_layer_runs_on_tensor_cores():
+  kernels = kernels_of(half_attention_layer())
+  assert sum(on for _, on in kernels) == 4, kernels   # qkv, q @ k.T, p @ v, the projection
+
+
 def test_graft_tc_0_turns_the_stage_off(monkeypatch):
   monkeypatch.setenv("GRAFT_TC", "0")
   assert "g_mma_tile" not in cuda_text(Tensor(normal(128, 64)) @ Tensor(normal(64, 192)))
@@ -240,3 +272,10 @@ def test_bf16_and_batched_products_with_an_epilogue_on_the_gpu(gpu):
   z = (x.astype(np.float32) @ w16.astype(np.float32)).astype(np.float16).astype(np.float32) + b16.astype(np.float32)
   want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
   assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_float16_transformer_layer_on_tensor_cores_matches_the_cpus_answer(gpu):
+  on_gpu, on_cpu = half_attention_layer("CUDA"), half_attention_layer("CPU")
+  assert sum("g_mma_tile" in src for src in on_gpu.kernel_sources()) == 4
+  want = on_cpu.numpy().astype(np.float32)
+  assert rel_err(on_gpu.numpy().astype(np.float32), want) < 1e-2   # float16 roundings of the same float32 sums
