@@ -44,15 +44,42 @@ def splittable_reductions(kernel: UOp) -> list[UOp] | None:
   return reds
 
 
+def product_shape(reds: list[UOp]) -> tuple[int, ...] | None:
+  """(*batch, m, n, k) of a matrix product: one sum over the last axis of a product of two factors, one of which reads
+  nothing along n (the one before last), the other nothing along m (the one before that); else None."""
+  if len(reds) != 1 or reds[0].arg[0] is not Ops.ADD or reds[0].src[0].op is not Ops.MUL: return None
+  shape = shape_of(reds[0].src[0])
+  if len(shape) < 3 or reds[0].arg[1] != (len(shape) - 1,): return None
+  views = [_buffer_views(f) for f in reds[0].src[0].src]
+  if any(v is None or not v for v in views): return None
+  flat = lambda vs, d: all(v.strides[d] == 0 for v in vs)
+  return shape if (flat(views[0], -2) and flat(views[1], -3)) or (flat(views[1], -2) and flat(views[0], -3)) else None
+
+
+def product_split_plan(reds: list[UOp], multiprocessors: int) -> Opt | None:
+  """A matrix product whose blocks of 8x8 registers (rules/opt/gpu_tile.py) leave multiprocessors idle: its reduction
+  split into the fewest parts that give FILL_BLOCKS blocks per multiprocessor (the most there are, where none does);
+  None for another kernel, a product that fills the GPU as it is, or one whose k cannot be split."""
+  from .opt.gpu_tile import product_tile, tiles_of, split_parts, fills, FILL_BLOCKS, TILES
+  if (shape := product_shape(reds)) is None: return None
+  *batch, m, n, k = shape
+  if product_tile(m, n, math.prod(batch), multiprocessors) == TILES[0]: return None
+  if (tile := next((t for t in tiles_of(m, n) if t[2] * t[3] == 64 and t != TILES[0]), None)) is None: return None
+  blocks, parts = math.prod(batch) * (m // tile[0]) * (n // tile[1]), split_parts(k)
+  if not parts or fills(blocks, multiprocessors): return None
+  return Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, next((p for p in parts if blocks * p >= FILL_BLOCKS * multiprocessors), parts[-1]))
+
+
 def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> Opt | None:
-  """The heuristic for a kernel of reductions of few, long rows: `split_reduce(axis, parts)`, or None where the
-  kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
+  """The heuristic for a kernel of reductions of few, long rows, or a product of few tiles (`product_split_plan`):
+  `split_reduce(axis, parts)`, or None where the kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
   a column reduction one thread an output: when that, times the outputs, is less than the GPU holds at once
   (multiprocessors x RESIDENT_THREADS), the reduction is split along one reduced axis into `parts` partials, a divisor
   of the axis's length (sizes that do not divide are not split): as many as give two waves of blocks of LOOP_THREADS
   lanes (rows) or one wave of threads (columns), each partial keeping a chunk long enough to be worth its block or
   thread. The outermost axis wins a tie, so a row's partials read contiguous chunks."""
   if (reds := splittable_reductions(kernel)) is None: return None
+  if product_shape(reds) is not None: return product_split_plan(reds, multiprocessors)
   shape, axes = shape_of(reds[0].src[0]), reds[0].arg[1]
   length = math.prod(shape[a] for a in axes)
   outputs = math.prod(shape) // length if length else 0
@@ -75,17 +102,24 @@ def split_reduction(kernel: UOp, opt: Opt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
   reds = splittable_reductions(kernel)
   (_, axes), shape, a, parts = reds[0].arg, shape_of(reds[0].src[0]), opt.axis, opt.amount
   if a not in axes or shape[a] % parts: raise InvalidGridPlan(f"{opt!r}: axis {a} of {shape} is not a reduced axis that {parts} divides")
+  # the source with `a` split into (parts, length / parts), the parts moved outermost: the partials are (parts, the
+  # kernel's outputs), so a product's partials kernel is a batch of products (the tiles of rules/opt/gpu_tile.py) and
+  # the combine's threads read consecutive partials
   split_shape = shape[:a] + (parts, shape[a] // parts) + shape[a + 1:]
-  inner = tuple(b + (b >= a) for b in axes)   # the reduced axes in split_shape: all but the parts
-  partial_shape = tuple(1 if d in inner else s for d, s in enumerate(split_shape))
-  combine_shape = tuple(parts if d == a else 1 if d in axes else s for d, s in enumerate(shape))
+  order = (a, *(d for d in range(len(split_shape)) if d != a))
+  inner = tuple(order.index(b + (b >= a)) for b in axes)   # the reduced axes after the move: all but the parts
+  partial_shape = tuple(1 if d in inner else split_shape[o] for d, o in enumerate(order))
+  kept = tuple(1 if d in axes else s for d, s in enumerate(shape))
+  # the combine reads the partials in the kernel's own shape, the parts along `a`
+  combine = View.contiguous((parts, *kept)).permute((*range(1, a + 1), 0, *range(a + 1, len(shape) + 1)))
   stores, combined, scratches = [], {}, []
   for red in reds:
     scratch = UOp(Ops.BUFFER, red.dtype, (), NewBuffer(math.prod(partial_shape), kernel.arg, -1 - len(scratches)))
     src = UOp(Ops.VIEW, red.src[0].dtype, (red.src[0],), View.contiguous(split_shape))   # a reshape
+    src = UOp(Ops.VIEW, src.dtype, (src,), View.contiguous(split_shape).permute(order))
     stores.append(UOp(Ops.STORE, src=(UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(partial_shape)),
                                       UOp(Ops.REDUCE_AXIS, red.dtype, (src,), (red.arg[0], inner)))))
-    read = UOp(Ops.VIEW, red.dtype, (scratch,), View.contiguous(combine_shape))
+    read = UOp(Ops.VIEW, red.dtype, (scratch,), combine.reshape((*kept[:a], parts, *kept[a + 1:])))
     combined[red] = UOp(Ops.REDUCE_AXIS, red.dtype, (read,), (red.arg[0], (a,)))
     scratches.append(scratch)
   partials = UOp(Ops.KERNEL, src=tuple(stores), arg=kernel.arg)

@@ -106,11 +106,22 @@ def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
 def time_plan(norm: UOp, buffers: list[UOp], device: str, plan: Plan, repeats: int = 3, device_loops: bool = False,
               multiprocessors: int | None = None) -> float:
   """Seconds one call of the kernel takes with `plan` (the best of `repeats`), on fresh buffers of its sizes."""
-  from rules.gpu import launch_dims
+  return time_source(*plan_source(norm, device, plan, device_loops, multiprocessors), buffers, device, repeats, device_loops)
+
+
+def plan_source(norm: UOp, device: str, plan: Plan, device_loops: bool = False, multiprocessors: int | None = None) -> tuple[str, str, UOp]:
+  """(name, source, linear kernel) of the kernel lowered with `plan`: what `time_source` builds and times."""
   linear, _ = lower_with(norm, device, device_loops, plan, multiprocessors)
   dev = get_device(device)
   name = f"search_{hashlib.sha1(repr(plan.opts).encode()).hexdigest()[:8]}"
-  prog = dev.build(dev.renderer.source([dev.renderer.render(name, linear)]), [name])[name]
+  return name, dev.renderer.source([dev.renderer.render(name, linear)]), linear
+
+
+def time_source(name: str, source: str, linear: UOp, buffers: list[UOp], device: str, repeats: int = 3, device_loops: bool = False) -> float:
+  """Seconds one call of a `plan_source` kernel takes (the best of `repeats`), on fresh buffers of its sizes."""
+  from rules.gpu import launch_dims
+  dev = get_device(device)
+  prog = dev.build(source, [name])[name]
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   bufs = [test_buffer(device, buffers[i].arg.size, buffers[i].dtype) for i in args]
   handles = [b.handle for b in bufs]

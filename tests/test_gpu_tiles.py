@@ -9,6 +9,7 @@ import pytest
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
+from rewrite import Ops
 from tensor import Tensor
 from test_gpu_stages import run_grid, run_on_model_gpu, T, gpu
 
@@ -23,12 +24,77 @@ def plan_and_source(t: Tensor) -> tuple[str, str]:
 
 
 def test_a_product_gets_a_tile_plan_in_the_cpu_vocabulary():
-  plan, _ = plan_and_source(T(2048, 64) @ T(64, 2048))
+  plan, _ = plan_and_source(T(4096, 64) @ T(64, 4096))
   # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 8, staged
   assert plan == ("upcast(0, 8) local(0, 16) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) "
                   "split(2, 8) pack(2) [heuristic]")
+  # fewer blocks of that tile than 6 a multiprocessor (256 here): 64 x 128 of 8 x 8 registers, 128 lanes, slices of 16
+  assert plan_and_source(T(2048, 64) @ T(64, 2048))[0] == ("upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) "
+                                                          "upcast(1, 2) global(1) split(2, 16) pack(2) [heuristic]")
   # small products take smaller tiles, so their blocks still fill the multiprocessors
   assert plan_and_source(T(256, 128) @ T(128, 256))[0].startswith("upcast(0, 2) local(0, 16)")
+
+
+def plan_of(k) -> str:
+  run = Run("CPU", parallel=False, device_loops=True, opt=gpu())
+  lower_kernel(normalize(k)[0], run)
+  return str(run.opt.plan)
+
+
+def test_the_gpt_forwards_products_fill_the_gpu_split_where_their_tiles_are_few():
+  # examples/gpt.py at 1024 tokens, width 768 (bench/gpu_tiles.py --gpt measures these kernels on an H100): a product
+  # takes 64 x 128 tiles of 8 x 8 registers (128 lanes) where they occupy the multiprocessors (132 here); where they
+  # would leave some idle, the host stage offers its reduction split into parts, each a product of the batch of parts
+  # (the 8 x 8 tile again), beside the one kernel in smaller tiles
+  from rules.gpu_split import split_reduction_plan, split_reduction
+  x, h = T(1024, 768), T(1024, 3072)
+  wide = "upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
+  small = "upcast(0, 4) local(0, 16) global(0, 8) upcast(1, 2) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
+  cases = [(x @ T(768, 2304) + T(2304), wide, None),            # qkv: 288 blocks
+           ((x @ T(768, 3072) + T(3072)).gelu(), wide, None),   # fc: 384 blocks
+           (x + (x @ T(768, 768) + T(768)), small, 4),          # attention's projection and its residual: 96 blocks
+           (x + (h @ T(3072, 768) + T(768)), small, 4)]         # the MLP's output, k 3072: 4 parts of 768
+  for t, plan, parts in cases:
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    assert plan_of(kernels[-1]) == plan + " [heuristic]"
+    opt = split_reduction_plan(kernels[-1])
+    assert opt == (None if parts is None else Opt(OptKind.SPLIT_REDUCE, 2, parts))
+    if opt is None: continue
+    partials, combine, _ = split_reduction(kernels[-1], opt)
+    # the partials: the 8 x 8 tile over the product's loops, the parts a batch on blocks; the combine adds them up
+    # and applies the epilogue (bias, residual) with a thread per output
+    assert plan_of(partials) == ("upcast(1, 8) local(1, 8) global(1, 8) upcast(2, 4) local(2, 16) upcast(2, 2) global(2) "
+                                 "global(0) split(3, 16) pack(3) [heuristic]")
+    assert "group(" not in plan_of(combine) and "split(" not in plan_of(combine)
+  # 1024^3: 128 blocks of 64 x 128 on 132 multiprocessors, one kernel
+  kernels, _ = schedule([(T(1024, 1024) @ T(1024, 1024)).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  assert plan_of(kernels[-1]) == wide + " [heuristic]" and split_reduction_plan(kernels[-1]) is None
+
+
+def test_the_host_program_offers_a_product_split_beside_the_one_kernel():
+  from runtime.realize import plan
+  x = T(1024, 768)
+  listing = str(plan([((x + (x @ T(768, 768) + T(768))).uop, "CPU")], device="CUDA"))
+  assert "pick   r_1024_768_" in listing and "or split_reduce(2, 4): r_4_1024_768_" in listing
+
+
+@pytest.mark.parametrize("case", ["epilogue", "prologue", "batched", "transposed"])
+def test_a_split_product_gives_numpys_values_in_the_model_grid(case):
+  from test_gpu_stages import host_steps
+  a, b, bias = T(64, 512), T(512, 128), T(128)
+  an, bn = a.numpy(), b.numpy()
+  if case == "epilogue": t, want = (a @ b + bias).relu() + 1, np.maximum(an @ bn + bias.numpy(), 0) + 1
+  elif case == "prologue": t, want = (a * 2 + 1) @ b, (an * 2 + 1) @ bn
+  elif case == "batched":
+    q, k = T(2, 64, 256), T(2, 256, 128)
+    t, want = q @ k, q.numpy() @ k.numpy()
+  else:
+    w = T(128, 512)
+    t, want = a @ w.T, an @ w.numpy().T
+  calls = {split: sum(s.op is Ops.CALL for s in host_steps([t], split=split)[0]) for split in ("on", "off")}
+  assert calls["on"] == calls["off"] + 1   # the product's kernel became the partials and their combine
+  for split in ("on", "off"):
+    np.testing.assert_allclose(run_on_model_gpu(t, split=split)[0], want, rtol=2e-4, atol=2e-4)
 
 
 def test_the_tile_kernel_stages_operands_in_shared_memory_between_barriers():
@@ -72,7 +138,7 @@ def test_a_prologue_is_computed_as_its_tile_is_staged_not_per_use():
   assert "pack(2)" in plan
   fill, steps = src[src.index("for (int ridx"):src.index("#pragma unroll")], src[src.index("#pragma unroll"):]
   steps = steps[:steps.index("__syncthreads();")]
-  assert fill.count("*(local") == 8 and fill.count("(__syncthreads(), local") == 1   # 4 + 4 elements a lane, one wait
+  assert fill.count("*(local") == 24 and fill.count("(__syncthreads(), local") == 1   # 8 + 16 elements a lane, one wait
   values = re.findall(r"float v\d+ = (.*);", steps)   # loads from the shared tiles, and their products
   assert values and all(v.startswith("(*(v") or re.fullmatch(r"\(v\d+\*v\d+\)", v) for v in values) and "data" not in steps
 

@@ -61,7 +61,9 @@ def programs():
     # products whose sizes divide a tile: shared-memory tiles, register tiles, fused epilogues and prologues
     [t(2048, 64) @ t(64, 2048), ((t(1024, 64) @ t(64, 512)) + t(512)).gelu(), t(256, 32) @ t(128, 32).T,
      t(4, 128, 32) @ t(4, 32, 64), (t(256, 64) * 2).relu() @ t(64, 256), (t(256, 64) @ t(64, 256)).half(),
-     (t(256, 64).layernorm(1) * t(64)) @ t(64, 256) + t(256)],
+     (t(256, 64).layernorm(1) * t(64)) @ t(64, 256) + t(256),
+     # a product of few tiles (the GPT forward's projection and residual): also split into partials and their combine
+     t(1024, 768) + (t(1024, 768) @ t(768, 768) + t(768))],
     # few, long rows, one a group (reductions of one shape would share a kernel): each also split into partials and
     # their combine (below)
     *([r] for r in long_reductions()),

@@ -15,16 +15,61 @@ depend on) and columns j (the other's) divide a tile, and whose reduction k divi
 - every other output loop (a batch) runs on blocks.
 The epilogue is part of the store: each register of the tile goes through it before it is written. Sizes that do not
 divide a tile, and other kernels, get the rows plan (rules/gpu.py `grid_plan`).
+
+The tile (`product_tile`): 128x128 of 8x8 registers (256 lanes) where its blocks are BIG_TILE_BLOCKS per multiprocessor
+or more (4096^3), else 64x128 or 128x64 of 8x8 (128 lanes: 8 loads from shared memory per 64 multiply-adds, against
+8 per 16 with 4x4) where those blocks occupy the multiprocessors (`fills`: 7 in 8 of them at least), else the first
+smaller tile that does, else the smallest that divides. A product whose 8x8 tiles leave multiprocessors idle is
+offered, by the host stage, with its reduction split into parts (rules/gpu_split.py `product_split_plan`), each part a
+product of the batch of partials, which then has the blocks to take the 8x8 tile: the GPT forward's 1024x768 products,
+96 blocks of 64x128, run as 4 x 96.
+Measured on an H100 (bench/gpu_tiles.py --gpt, time over cuBLAS's for the bare product): 1024x768x3072 as one kernel of
+64x64 tiles of 4x4 (192 blocks) 1.8x, split into 4 x 96 blocks of 64x128 tiles of 8x8 0.94x; 1024x3072x768 as 128x128
+tiles (192 blocks) 1.18x, 64x128 of 8x8 (384 blocks) 0.93-1.03x.
 """
 from __future__ import annotations
 from rewrite import UOp, Ops
 from .plan import Opt, OptKind, Plan
 
-# (BM, BN, TM, TN) from the largest; the first whose blocks fill the GPU's multiprocessors is taken
-TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4), (64, 32, 4, 2), (32, 32, 2, 2))
-SLICE = 8   # BK: the reduction's slice staged in shared memory at once (16 for a lane's tile of 16 registers or fewer:
-            # 1024^3 on an H100, 64x64 tiles of 4x4: 0.083 ms against 0.098 with 8; 128x128 of 8x8 at 4096^3: 8 is faster)
+# (BM, BN, TM, TN) from the largest (see the module's docstring for which is taken)
+TILES = ((128, 128, 8, 8), (64, 128, 8, 8), (128, 64, 8, 8), (64, 64, 4, 4), (64, 32, 4, 2), (32, 32, 2, 2))
+SLICE = 8   # BK: the reduction's slice staged in shared memory at once (16 for the tiles of 128 lanes or fewer: 1024^3 on
+            # an H100, 64x64 tiles of 4x4: 0.083 ms against 0.098 with 8; 128x128 of 8x8 at 4096^3: 8 is faster)
+WIDE_SLICE = 16
 GROUP = 8   # blocks grouped along the rows
+BIG_TILE_BLOCKS = 6     # blocks per multiprocessor the 256-lane tile needs (fewer: 1024x3072, 192 blocks, 1.18x cuBLAS)
+FILL_BLOCKS = 2.5       # blocks per multiprocessor a split product's parts are given (1024x768 on an H100: 384 blocks of
+                        # 128 lanes 1.03x cuBLAS, 288 1.17x, 576 of 128-long parts 1.21x)
+MIN_PART = 128          # a part of a split reduction keeps at least this much of it (8 slices of WIDE_SLICE)
+
+
+def fills(blocks: int, multiprocessors: int) -> bool:
+  """A grid of `blocks` leaves at most 1 in 8 multiprocessors idle (1024^3 in 64x128 tiles: 128 blocks on 132)."""
+  return 8 * blocks >= 7 * multiprocessors
+
+
+def split_parts(k: int) -> list[int]:
+  """The parts (2 or more) a reduction of k may be split into: each a whole number of WIDE_SLICE slices, MIN_PART long."""
+  return [p for p in range(2, k // MIN_PART + 1) if k % p == 0 and (k // p) % WIDE_SLICE == 0]
+
+
+def tiles_of(m: int, n: int) -> list[tuple[int, int, int, int]]:
+  """The TILES that divide an m x n product."""
+  return [t for t in TILES if m % t[0] == 0 and n % t[1] == 0 and m >= t[0] and n >= t[1]]
+
+
+def product_tile(m: int, n: int, batch: int, multiprocessors: int) -> tuple[int, int, int, int] | None:
+  """The tile of an m x n product (a batch of `batch`) (the module's docstring); None where none divides."""
+  fits = tiles_of(m, n)
+  for t in fits:
+    blocks = batch * (m // t[0]) * (n // t[1])
+    if blocks >= BIG_TILE_BLOCKS * multiprocessors if t == TILES[0] else fills(blocks, multiprocessors): return t
+  return fits[-1] if fits else None
+
+
+def slice_of(tile: tuple[int, int, int, int], k: int) -> int | None:
+  """BK for a tile: SLICE for the 256-lane tile, else WIDE_SLICE where it divides k; None where neither does."""
+  return next((s for s in ((SLICE,) if tile == TILES[0] else (WIDE_SLICE, SLICE)) if k % s == 0), None)
 
 
 def product_loops(sink: UOp, axes: list[UOp]) -> tuple[UOp, UOp, UOp] | None:
@@ -52,14 +97,19 @@ def tile_plan(sink: UOp, axes: list[UOp], multiprocessors: int) -> Plan | None:
   batch = 1
   for r in axes:
     if r.arg[0] == "out" and r is not i and r is not j: batch *= size(r)
-  fits = [t for t in TILES if size(i) % t[0] == 0 and size(j) % t[1] == 0 and size(i) >= t[0] and size(j) >= t[1]]
-  if not fits: return None
-  bm, bn, tm, tn = next((t for t in fits if batch * (size(i) // t[0]) * (size(j) // t[1]) >= multiprocessors), fits[-1])
-  bk = next((s for s in ((16, SLICE) if tm * tn <= 16 else (SLICE,)) if size(k) % s == 0), None)
-  if bk is None: return None
+  if (tile := product_tile(size(i), size(j), batch, multiprocessors)) is None: return None
+  if (bk := slice_of(tile, size(k))) is None: return None
+  bm, bn, tm, tn = tile
+  batch_axes = [n[r] for r in axes if r.arg[0] == "out" and r is not i and r is not j]
+  return Plan(tile_opts(n[i], n[j], n[k], (bm, bn, tm, tn), bk, GROUP if size(i) // bm % GROUP == 0 else 0, batch_axes), "heuristic")
+
+
+def tile_opts(i: int, j: int, k: int, tile: tuple[int, int, int, int], bk: int, group: int = 0, batch=()) -> tuple[Opt, ...]:
+  """The records of a tile plan over axes i, j, k (and batch axes on blocks): `tile` (BM, BN, TM, TN), slices of bk,
+  blocks grouped by `group` along i (0: not grouped)."""
+  bm, bn, tm, tn = tile
   half = tn // 2
-  opts = [Opt(OptKind.UPCAST, n[i], tm), Opt(OptKind.LOCAL, n[i], bm // tm), Opt(OptKind.GLOBAL, n[i], GROUP if size(i) // bm % GROUP == 0 else 0)]
-  opts += [Opt(OptKind.UPCAST, n[j], half)] * (half > 1) + [Opt(OptKind.LOCAL, n[j], bn // tn), Opt(OptKind.UPCAST, n[j], 2), Opt(OptKind.GLOBAL, n[j])]
-  opts += [Opt(OptKind.GLOBAL, n[r]) for r in axes if r.arg[0] == "out" and r is not i and r is not j]
-  opts += [Opt(OptKind.SPLIT, n[k], bk), Opt(OptKind.PACK, n[k])]
-  return Plan(tuple(opts), "heuristic")
+  opts = [Opt(OptKind.UPCAST, i, tm), Opt(OptKind.LOCAL, i, bm // tm), Opt(OptKind.GLOBAL, i, group)]
+  opts += [Opt(OptKind.UPCAST, j, half)] * (half > 1) + [Opt(OptKind.LOCAL, j, bn // tn), Opt(OptKind.UPCAST, j, 2), Opt(OptKind.GLOBAL, j)]
+  opts += [Opt(OptKind.GLOBAL, b) for b in batch]
+  return tuple(opts + [Opt(OptKind.SPLIT, k, bk), Opt(OptKind.PACK, k)])
