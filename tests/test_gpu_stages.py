@@ -267,7 +267,7 @@ def test_a_causally_masked_softmax_is_one_kernel_on_a_gpu():
   # into the kernel that writes the probabilities, as for an unmasked softmax (the GPT's attention: 3 kernels before)
   heads, n = 3, 70
   s = T(heads, n, n)
-  later = Tensor.full((n, n), True).triu(1)
+  later = Tensor.full((n, n), True, device="CPU").triu(1)
   p = s.masked_fill(later, -np.inf).softmax(-1)
   kernels, _ = schedule([p.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
   assert len(kernels) == 1

@@ -107,7 +107,7 @@ def test_a_product_of_few_tiles_picks_among_one_kernel_its_split_and_the_library
   monkeypatch.setenv("DEBUG", "2")
   rng = np.random.default_rng(4)
   p, v = rng.standard_normal((2, 128, 2048)).astype(np.float32), rng.standard_normal((2, 2048, 64)).astype(np.float32)
-  np.testing.assert_allclose((Tensor(p) @ Tensor(v)).numpy(), p @ v, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose((Tensor(p, device="CPU") @ Tensor(v, device="CPU")).numpy(), p @ v, rtol=1e-4, atol=1e-3)
   listing, out = str(last_program()), capsys.readouterr().out
   assert "pick   r_2_128_64_" in listing and "or split_reduce(3, " in listing and "or library: sgemm_batched 2x128x64x2048 (A, B)" in listing
   assert "one kernel or split_reduce(3, " in out and " or library: " in out and "fastest on first use" in out
@@ -115,5 +115,5 @@ def test_a_product_of_few_tiles_picks_among_one_kernel_its_split_and_the_library
   for name in names:   # whichever option the first run picks, each computes the product
     pick.forget(); rr._plans.clear()
     monkeypatch.setattr(pick, "choose", lambda key, candidates, name=name: (name, "chosen by the test"))
-    np.testing.assert_allclose((Tensor(p) @ Tensor(v)).numpy(), p @ v, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose((Tensor(p, device="CPU") @ Tensor(v, device="CPU")).numpy(), p @ v, rtol=1e-4, atol=1e-3)
     assert f": {name} (chosen by the test)" in capsys.readouterr().out
