@@ -16,7 +16,7 @@ cut there, as in torch.
 """
 from __future__ import annotations
 import contextlib, math
-from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each
+from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each, substitute
 from .shapes import shape_of
 from .strided_view import View
 
@@ -191,9 +191,24 @@ def _holds_reduction(u: UOp) -> bool:
 
 
 def kept(u: UOp) -> UOp:
-  """A forward value a gradient reads: read from a buffer when it is computed from a reduction (a product's output,
-  say), so the backward kernels that read it do not each compute the product again."""
-  return _stored_view(u) if _holds_reduction(u) else u
+  """A forward value a gradient reads, each reduction it is computed from (a product's output, a norm's mean) read
+  from a buffer: the backward kernels that read it recompute only its elementwise part over those buffers (it fuses
+  into them) and never the product again, and the forward pass stores the reductions, not every value between them
+  and the gradient (a GELU's backward reads four of its intermediates: stored, they were four more buffers)."""
+  if not _holds_reduction(u): return u
+  return substitute(u, {r: _stored(r) for r in _inline_reductions(u)}, opaque=lambda n: not _holds_reduction(n))
+
+
+def _inline_reductions(u: UOp) -> list[UOp]:
+  """The reductions u computes itself: reached through elementwise ops and views, not behind a buffer."""
+  out, seen, stack = [], set(), [u]
+  while stack:
+    n = stack.pop()
+    if n in seen or not _holds_reduction(n): continue
+    seen.add(n)
+    if n.op is Ops.REDUCE_AXIS: out.append(n)
+    else: stack.extend(n.src)
+  return out
 
 
 def _contraction_grad(ctx: UOp, node: UOp, m: UOp):

@@ -158,7 +158,7 @@ pipeline = Pipeline([
   # softmax(scores) @ values becomes one node of an online softmax, before anything decides buffers (rules/attention.py)
   Stage("attention", attention_rules, "graph", _attention_ctx),
   Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
-  Stage("realize", realize_rules, "graph", lambda run: RealizeContext()),
+  Stage("realize", realize_rules, "graph", lambda run: RealizeContext(), prepare=RealizeContext.index_stored),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, prepare=FuseContext.index_schedule),

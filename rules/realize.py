@@ -20,8 +20,8 @@ Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext
 a toposort of the kernel graph (`in_dependency_order`: a kernel after the kernels whose buffers it reads).
 
 Stage `group` (rule set `group_rules`, ctx: `GroupDecisions`, its index made by `GroupDecisions.index_schedule`
-before the rules run) merges the kernels of one output shape, device and depth in the kernel graph into one kernel with several
-stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
+before the rules run) merges the kernels of one output shape, device, depth in the kernel graph and products (`_group_key`) into one
+kernel with several stores: rules on each KERNEL look its group up in the index (never trying pairs: linear in the number of kernels);
 kernels of one depth never need one another, so no merge makes a cycle. A kernel that reads one of its own shape is
 refused with its reason.
 """
@@ -61,9 +61,18 @@ class Realized:
 
 @dataclass
 class RealizeContext:
-  """The realize stage's context: each reduction decided into a buffer so far (the reduction -> its CONTIGUOUS)."""
-  reductions: dict[UOp, UOp] = field(default_factory=dict)
+  """The realize stage's context: each value decided into a buffer so far, and each the graph stores already (the
+  value -> its CONTIGUOUS)."""
+  stored: dict[UOp, UOp] = field(default_factory=dict)
   holds: dict[UOp, bool] = field(default_factory=dict)   # holds_reduction's answers: each node is asked once
+
+  def index_stored(self, sink: UOp) -> None:
+    """Each value the graph already stores (`contiguous()` of it: the gradient stores the forward reductions and
+    product operands its backward reads, rules/gradient.py) counts as decided: a value decided into a buffer is that
+    buffer, and reads those it computes from there (`read_realized_reductions`), instead of a second buffer of the
+    same value or a second product, both filled by one kernel of several stores."""
+    for n in sink.toposort:
+      if n.op is Ops.CONTIGUOUS and not is_buffer_view(n.src[0]): self.stored.setdefault(n.src[0], n)
 
   def holds_reduction(self, u: UOp) -> bool:
     """u computes a reduction itself, not behind a buffer. Remembered per node, so that asking at every VIEW of a long
@@ -81,22 +90,23 @@ class RealizeContext:
 
 def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:
   """x into a buffer, for a reason; the calling rule is named in the reason. A reduction decided before (each of its
-  readers may ask) is the buffer decided then: one buffer, and its graph is not walked again."""
-  if (done := ctx.reductions.get(x)) is not None: return done
+  readers may ask), or a value the graph stores already, is that buffer: one buffer, and its graph is not walked again.
+  An output (`device` given) gets a buffer of its own on that device."""
+  if device is None and (done := ctx.stored.get(x)) is not None: return done
   frame = sys._getframe(1)
   while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
   rule = frame.f_code
   out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
             Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
-  if x.op is Ops.REDUCE_AXIS: ctx.reductions[x] = out
+  if x.op is Ops.REDUCE_AXIS: ctx.stored[x] = out
   return out
 
 
 def read_realized_reductions(ctx: RealizeContext, x: UOp) -> UOp:
-  """x reading from its buffer each reduction it computes itself that is also decided into a buffer: attention's
+  """x reading from its buffer each value it computes itself that is also decided into a buffer, or stored: attention's
   probabilities exp(s - max(s)) / sum(...) read the scores s the max and the sum read, not a second product q @ k.T.
   Only the part of x not behind a buffer is looked at (the rest is computed elsewhere): linear over a realize."""
-  realized = {n: ctx.reductions[n] for n in _unrealized(x) if n is not x and n in ctx.reductions}
+  realized = {n: ctx.stored[n] for n in _unrealized(x) if n is not x and n in ctx.stored}
   return substitute(x, realized, opaque=is_realized) if realized else x
 
 
@@ -374,8 +384,14 @@ def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
 
 
 def _group_key(k: UOp) -> tuple | None:
-  """What kernels must share to become one: device and output shape (a copy is never merged)."""
-  return (k.arg, kernel_output_shape(k)) if k.op is Ops.KERNEL else None
+  """What kernels must share to become one: device, output shape and the products they compute (a copy is never
+  merged). Two kernels of two different products (attention's dq and dk, say) stay apart: merged, neither loop nest
+  could be tiled as a product; kernels of one product (its value and values computed from it) merge, and compute it
+  once."""
+  if k.op is not Ops.KERNEL: return None
+  products = frozenset(n for st in k.src for n in st.src[1].toposort
+                       if n.op is Ops.REDUCE_AXIS and n.arg[0] is Ops.ADD and n.src[0].op is Ops.MUL)
+  return (k.arg, kernel_output_shape(k), products)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """shape_of: the shape of a node of the tensor-level graph (docs/design.md, "The tensor-level graph").
 
 Shapes are not stored on UOps; they follow from the node and its sources. Results are cached per node for as long as
-the node lives, and computed sources-first down to the nodes already known, so a 200,000-deep chain does not recurse.
+the node lives, and computed sources-first with a stack, so a 200,000-deep chain does not recurse. The walk stops at
+nodes whose shape is known or is their own (a VIEW's is its View's): asking for the shape of a node built on top of
+a large graph (the tensor front end does, for each movement of a computed tensor) costs the new nodes only.
 """
 from __future__ import annotations
 import weakref
@@ -9,6 +11,8 @@ from rewrite import UOp, Ops, GroupOp
 
 _shapes: weakref.WeakKeyDictionary[UOp, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
+# ops whose shape needs no source's
+_OWN = frozenset({Ops.BUFFER, Ops.CONST, Ops.DEFINE_VAR, Ops.IOTA, Ops.VIEW})
 # ops whose shape is their first source's: elementwise ops (sources share one shape) and whole-tensor wrappers
 _like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.NOOP, Ops.DETACH}
 
@@ -16,14 +20,15 @@ _like_first_source = GroupOp.Elementwise - {Ops.WHERE} | {Ops.CONTIGUOUS, Ops.CO
 def shape_of(u: UOp) -> tuple[int, ...]:
   """The shape of tensor-level node `u`; ValueError for nodes of the kernel or loop level, which have no shape."""
   if (known := _shapes.get(u)) is not None: return known
-  # sources first, walking down only to nodes whose shape is known: a node built over a large graph costs its own
-  # shape, not a walk of that graph
+  if u.op in _OWN: return _shape_from_sources(u)
   stack = [u]
   while stack:
     node = stack[-1]
     if node in _shapes: stack.pop(); continue
-    missing = [s for s in node.src if s not in _shapes]
+    missing = [s for s in node.src if s.op not in _OWN and s not in _shapes]
     if missing: stack.extend(missing); continue
+    for s in node.src:
+      if s.op in _OWN and s not in _shapes: _shapes[s] = _shape_from_sources(s)
     _shapes[node] = _shape_from_sources(node)
     stack.pop()
   return _shapes[u]

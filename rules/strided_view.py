@@ -14,19 +14,25 @@ all-padding view (strides 0, offset 0, every interval (0, 0)); a view with no el
 """
 from __future__ import annotations
 from dataclasses import dataclass
-import math
+import functools, math
 from rewrite import UOp, dtypes
 
 Interval = tuple[int, int]
+MAX_MEMO = 1 << 14   # entries each memo below keeps (all dropped at once when full): a model's views are a few hundred
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-  """Row-major strides of `shape`, with 0 on size-1 dimensions (canonical form)."""
+@functools.lru_cache(maxsize=MAX_MEMO)
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
   strides, acc = [], 1
   for s in reversed(shape):
     strides.append(acc if s != 1 else 0)
     acc *= s
   return tuple(reversed(strides))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """Row-major strides of `shape`, with 0 on size-1 dimensions (canonical form)."""
+  return _contiguous_strides(shape if shape.__class__ is tuple else tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -50,15 +56,26 @@ class View:
         for d, (lo, hi) in enumerate(mask):
           if hi - lo == 1: offset, strides[d] = offset + lo * strides[d], 0  # one readable index: its stride is moot
         if all(m == (0, s) for m, s in zip(mask, shape)): mask = None
-    strides = [0 if s == 1 else st for s, st in zip(shape, strides)]
-    for name, value in (("shape", shape), ("strides", tuple(strides)), ("offset", offset), ("mask", mask)):
-      object.__setattr__(self, name, value)
+    strides = tuple([0 if s == 1 else st for s, st in zip(shape, strides)])
+    d = self.__dict__   # (a frozen dataclass: its fields are set past __setattr__)
+    d["shape"], d["strides"], d["offset"], d["mask"] = shape, strides, offset, mask
+    d["_hash"] = hash((shape, strides, offset, mask))   # views key the movement memo: hashed once
+
+  # equal by value, hashed once (the dataclass's own would build and hash the tuple of fields on every lookup)
+  def __hash__(self) -> int: return self._hash
+  def __eq__(self, other) -> bool:
+    return self is other or (other.__class__ is View and self._hash == other._hash and self.shape == other.shape and
+                             self.strides == other.strides and self.offset == other.offset and self.mask == other.mask)
+  # the hash is not pickled: a hash of None differs between processes
+  def __getstate__(self) -> dict: return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self.__dict__["_hash"] = hash((self.shape, self.strides, self.offset, self.mask))
 
   # ---- construction and properties ----
   @staticmethod
   def contiguous(shape: tuple[int, ...]) -> View:
-    shape = _check_shape(shape, "View.contiguous")
-    return View(shape, contiguous_strides(shape), 0, None)
+    return contiguous_view(_check_shape(shape, "View.contiguous"))
 
   @staticmethod
   def padding(shape: tuple[int, ...]) -> View | None:
@@ -216,6 +233,33 @@ def compose(inner: View, outer: View) -> View | None:
     if split is None or split == inner.shape: continue
     if (split_inner := inner.reshape(split)) is not None and (r := _compose_affine(split_inner, outer)) is not None: return r
   return None
+
+
+@functools.lru_cache(maxsize=MAX_MEMO)
+def contiguous_view(shape: tuple[int, ...]) -> View:
+  """View.contiguous of a shape already checked (a tuple of non-negative ints): one lookup."""
+  return View(shape, contiguous_strides(shape), 0, None)
+
+
+@functools.lru_cache(maxsize=MAX_MEMO)
+def scalar_view(shape: tuple[int, ...]) -> View:
+  """The View reading one element at every index of `shape` (all strides 0): how a constant gets a shape."""
+  return View(shape, (0,) * len(shape))
+
+
+_moves: dict[tuple, View | None] = {}
+
+
+def moved(view: View, move, arg) -> View | None:
+  """`move(view, arg)` (a View method such as View.reshape, or `strided`), remembered: a pure function of hashable
+  values, which a model's forward asks again with the same views on every call. Errors are raised, not remembered."""
+  key = (move, view, arg)
+  try: return _moves[key]
+  except KeyError: pass
+  out = move(view, arg)
+  if len(_moves) >= MAX_MEMO: _moves.clear()
+  _moves[key] = out
+  return out
 
 
 # ---- helpers ----

@@ -133,9 +133,20 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
   place: dict[UOp, int] = {}
   parts: list[tuple] = []
   params: list[UOp] = []
-  for n in (uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops))).toposort:
+  # its own walk, sources first in the order of `toposort` (the same key whether or not a node's toposort is cached),
+  # caching nothing on the graph: a warm call on new data walks a new graph, and costs what one on the same data does
+  stack = [(uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops)), False)]
+  pop, push, BUFFER = stack.pop, stack.append, Ops.BUFFER
+  while stack:
+    n, ready = pop()
+    if n in place: continue
+    if not ready:
+      push((n, True))
+      for s in reversed(n.src):
+        if s not in place: push((s, False))
+      continue
     place[n] = len(parts)
-    if n.op is Ops.BUFFER and not isinstance(n.arg, NewBuffer):
+    if n.op is BUFFER and not isinstance(n.arg, NewBuffer):
       parts.append(("param", n.dtype, n.arg.size, n.arg.device)); params.append(n)
     else: parts.append((n.op, n.dtype, n._key[2], tuple([place[s] for s in n.src])))
   written = []

@@ -25,10 +25,9 @@ Errors (a shape that does not broadcast to the selection, another dtype) are rai
 """
 from __future__ import annotations
 import gc, threading, weakref
-from dataclasses import dataclass
 import numpy as np
 from rewrite import UOp, Ops, dtypes
-from rules.strided_view import View
+from rules.strided_view import View, moved
 from .promotion import is_scalar, check_fits
 
 
@@ -55,52 +54,62 @@ def value_tensor(target, value, shape: tuple[int, ...], what: str):
 
 
 # ---- the registry of views ----
+# Each tensor's own entry is its `_viewing` slot (None: it views nothing). The index from a base to the tensors that
+# may view it holds plain weak references (no callback: a tensor made and dropped costs no bookkeeping when it dies);
+# a reference that is dead, or whose tensor now views something else, is skipped when read and pruned once its
+# base's table has doubled since the last pruning (and bases that are gone, once the index has).
 
-@dataclass(eq=False)
 class _Entry:
-  tensor: weakref.ref
-  base: object          # a Buffer (the view is of memory), or a weakref to the lazy tensor the view was taken from
-  view: View            # where the tensor's elements are in the base's memory, or in its contiguous layout
-  key: int              # id of the base when registered (the index below)
+  __slots__ = ("base", "view", "key")
+  def __init__(self, base, view: View, key: int):
+    self.base = base    # a Buffer (the view is of memory), or a weakref to the lazy tensor the view was taken from
+    self.view = view    # where the tensor's elements are in the base's memory, or in its contiguous layout
+    self.key = key      # id of the base when registered (the index below)
 
-  def base_is(self, base) -> bool: return (self.base() if isinstance(self.base, weakref.ref) else self.base) is base
+  def base_is(self, base) -> bool: return (self.base() if self.base.__class__ is weakref.ref else self.base) is base
 
 
-_entries: dict[int, _Entry] = {}          # id(tensor) -> its entry
-_by_base: dict[int, set[int]] = {}        # id(Buffer or lazy tensor) -> ids of the tensors that view it
+class _Viewers(dict):   # id(tensor) -> weakref to it, for one base
+  __slots__ = ("limit",)
+
+
+_by_base: dict[int, _Viewers] = {}        # id(Buffer or lazy tensor) -> the tensors that may view it
+_index_limit = 64                         # prune bases that are gone once the index holds this many
 _lock = threading.RLock()                 # (tensors are made and realized from several threads)
 
 
 def _register(t, base, view: View) -> None:
+  key = id(base() if base.__class__ is weakref.ref else base)
+  t._viewing = _Entry(base, view, key)
   with _lock:
-    _unregister(id(t))
-    key = id(base() if isinstance(base, weakref.ref) else base)
-    _entries[id(t)] = _Entry(weakref.ref(t, lambda r, k=id(t): _forget(k, r)), base, view, key)
-    _by_base.setdefault(key, set()).add(id(t))
+    if (viewers := _by_base.get(key)) is None:
+      if len(_by_base) >= _index_limit: _prune_index()
+      viewers = _by_base[key] = _Viewers(); viewers.limit = 16
+    viewers[id(t)] = weakref.ref(t)
+    if len(viewers) > viewers.limit:
+      for tid, ref in list(viewers.items()):
+        if (v := ref()) is None or v._viewing is None or v._viewing.key != key: del viewers[tid]
+      viewers.limit = max(16, 2 * len(viewers))
 
 
-def _unregister(tid: int) -> None:
-  with _lock:
-    if (e := _entries.pop(tid, None)) is not None and (ids := _by_base.get(e.key)) is not None:
-      ids.discard(tid)
-      if not ids: del _by_base[e.key]
+def _prune_index() -> None:
+  global _index_limit
+  for key, viewers in list(_by_base.items()):
+    if not any((v := ref()) is not None and v._viewing is not None and v._viewing.key == key for ref in viewers.values()):
+      del _by_base[key]
+  _index_limit = max(64, 2 * len(_by_base))
 
 
-def _forget(tid: int, ref) -> None:
-  with _lock:
-    if (e := _entries.get(tid)) is not None and e.tensor is ref: _unregister(tid)
+def _unregister(t) -> None: t._viewing = None
 
 
 def _viewers(base) -> list:
   """The live tensors that view `base` (a Buffer or a lazy tensor), with their entries."""
-  with _lock:
-    entries = [_entries.get(tid) for tid in _by_base.get(id(base), ())]
-    return [(t, e) for e in entries if e is not None and e.base_is(base) and (t := e.tensor()) is not None]
+  with _lock: refs = list(_by_base.get(id(base), {}).values())
+  return [(t, e) for r in refs if (t := r()) is not None and (e := t._viewing) is not None and e.base_is(base)]
 
 
-def _entry(t) -> _Entry | None:
-  e = _entries.get(id(t))
-  return e if e is not None and e.tensor() is t else None
+def _entry(t) -> _Entry | None: return t._viewing
 
 
 def is_view(t) -> bool:
@@ -118,7 +127,7 @@ def to_realize(t):
   if e is None: return t
   if not isinstance(e.base, weakref.ref): return None if is_view(t) else t
   if (root := e.base()) is not None: return root
-  _unregister(id(t))
+  _unregister(t)
   return t
 
 
@@ -130,18 +139,19 @@ def note(t):
   return t
 
 
-def view_taken(t, parent, move):
-  """t was made from `parent` by `move` (a View -> View movement, tensor/movement.py). When the parent is lazy, t is
-  a view of the lazy tensor at the root of the movements, where `move` (applied to where the parent's elements are in
-  the root) says a single view without padding; otherwise it is a copy, as numpy's reshape makes one."""
+def view_taken(t, parent, move, arg, stacked: View):
+  """t was made from `parent` by the movement `move(view, arg)` (tensor/movement.py), which reads the contiguous
+  layout of the parent as `stacked`. When the parent is lazy, t is a view of the lazy tensor at the root of the
+  movements, where the movement (applied to where the parent's elements are in the root) says a single view without
+  padding; otherwise it is a copy, as numpy's reshape makes one."""
   if (e := _entry(t)) is not None and not isinstance(e.base, weakref.ref): return t   # a view of memory (note)
   pe = _entry(parent)
   if pe is None:
     if parent.uop.op is Ops.VIEW and parent.uop.src[0].op is Ops.BUFFER: return t    # (a padded view of memory)
-    root, where = parent, move(View.contiguous(parent.shape))
-  elif isinstance(pe.base, weakref.ref) and (root := pe.base()) is not None: where = move(pe.view)
+    root, where = parent, stacked
+  elif isinstance(pe.base, weakref.ref) and (root := pe.base()) is not None: where = moved(pe.view, move, arg)
   else: return t
-  if where is None or where.mask is not None: _unregister(id(t))
+  if where is None or where.mask is not None: _unregister(t)
   else: _register(t, weakref.ref(root), where)
   return t
 
@@ -162,7 +172,7 @@ def _as_memory_view(target) -> None:
   e = _entry(target)
   if e is not None and isinstance(e.base, weakref.ref):
     if (root := e.base()) is not None: root.realize()   # the view becomes a view of its memory (`realized`)
-    else: _unregister(id(target))                        # what it was taken from is gone: it is a tensor of its own
+    else: _unregister(target)                            # what it was taken from is gone: it is a tensor of its own
     e = _entry(target)
   if e is None or isinstance(e.base, weakref.ref):
     target.realize()

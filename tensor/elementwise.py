@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
-from .promotion import result_dtype, is_scalar, py_scalar, check_fits, out_of_range
+from .promotion import result_dtype, promoted, is_scalar, py_scalar, check_fits, out_of_range
 
 LOG2_E, LN_2 = math.log2(math.e), math.log(2)
 
@@ -30,14 +30,17 @@ def operands(*xs, dtype: DType | None = None, like=None) -> list:
   """Tensors and scalars as tensors of one device, one shape and one dtype (the promoted one unless `dtype`).
   Scalars become constants on the device of the first tensor (or of `like`, which also joins the broadcast)."""
   like = like if like is not None else next(x for x in xs if hasattr(x, "uop"))
-  xs = tuple(_as_operand(x, like) for x in xs)
+  xs = [x if x.__class__ is like.__class__ else _as_operand(x, like) for x in xs]
+  scalar = [is_scalar(x) for x in xs]
+  own = [x for x, s in zip(xs, scalar) if not s]
   # each operand once (`like` is usually one of xs), in the order the user gave them
-  tensors = ([] if any(x is like for x in xs) else [like]) + [x for x in xs if not is_scalar(x)]
-  if len({t.device for t in tensors}) > 1:
+  tensors = own if any(x is like for x in own) else [like] + own
+  if any(t.device != like.device for t in tensors):
     raise ValueError(f"operands live on different devices ({', '.join(t.device for t in tensors)}): move them with .to()")
-  dt = dtype or result_dtype(xs)
-  shape = broadcast_shape(*(t.shape for t in tensors))
-  return [like._const(check_fits(x, dt), dt, shape) if is_scalar(x) else x.cast(dt).broadcast_to(shape) for x in xs]
+  dt = dtype or promoted(own, [x for x, s in zip(xs, scalar) if s])
+  shape = tensors[0].shape
+  if any(t.shape != shape for t in tensors): shape = broadcast_shape(*(t.shape for t in tensors))
+  return [like._const(check_fits(x, dt), dt, shape) if s else x.cast(dt)._broadcast(shape) for x, s in zip(xs, scalar)]
 
 
 def _as_operand(x, like):
@@ -51,13 +54,14 @@ def _is_operand(x) -> bool: return is_scalar(x) or hasattr(x, "uop") or isinstan
 
 
 def _alu(op: Ops, *srcs) -> object:
+  uops = tuple([s.uop for s in srcs])
   # bfloat16 arithmetic happens in float32, rounded back after each operation (torch's results; renderers then only
   # convert, load, store and select bfloat16); a WHERE only selects, so its values stay bfloat16
-  if op is not Ops.WHERE and any(s.dtype is dtypes.bfloat16 for s in srcs):
+  if op is not Ops.WHERE and any(u.dtype is dtypes.bfloat16 for u in uops):
     out = _alu(op, *(s.float() if s.dtype is dtypes.bfloat16 else s for s in srcs))
     return out if out.dtype.is_bool else out.cast(dtypes.bfloat16)
-  dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE) else srcs[-1].dtype if op is Ops.WHERE else srcs[0].dtype
-  return srcs[0]._new(UOp(op, dtype, tuple(s.uop for s in srcs)))
+  dtype = dtypes.bool if op is Ops.CMPLT or op is Ops.CMPNE else uops[-1].dtype if op is Ops.WHERE else uops[0].dtype
+  return srcs[0]._new(UOp(op, dtype, uops))
 
 
 def _not(b):  # logical not of a bool tensor

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, dtypes
-from rules.strided_view import View
+from rules.strided_view import View, contiguous_view, moved
 from rules.shapes import shape_of
 from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype
@@ -26,17 +26,19 @@ def strided(v: View, steps: tuple[int, ...]) -> View:
 
 class MovementMixin:
   __slots__ = ()  # the Tensor's own slots stay its only fields
-  def _view(self, move):
-    """Apply `move` (a View -> View movement) to this tensor: onto its own VIEW when it is one and the result is a
-    single View (move gives None where it cannot, as View.reshape does), else as a new VIEW on top, over the
-    contiguous layout of this tensor."""
-    stacked = move(View.contiguous(self.shape))  # also checks the arguments against this tensor's shape
-    if stacked.is_contiguous and stacked.shape == self.shape: return self
-    return view_taken(self._moved(move, stacked), self, move)   # (which memory it shares: tensor/assign.py)
+  def _view(self, move, arg):
+    """Apply the movement `move(view, arg)` (a View method, or `strided`) to this tensor: onto its own VIEW when it is
+    one and the result is a single View (move gives None where it cannot, as View.reshape does), else as a new VIEW
+    on top, over the contiguous layout of this tensor. Movements are remembered by their View and arguments
+    (`moved`): a model's forward asks for the same ones on every call."""
+    layout = contiguous_view(self.shape)
+    stacked = moved(layout, move, arg)  # also checks the arguments against this tensor's shape
+    if stacked == layout: return self
+    return view_taken(self._moved(move, arg, stacked), self, move, arg, stacked)   # (which memory it shares: tensor/assign.py)
 
-  def _moved(self, move, stacked: View):
+  def _moved(self, move, arg, stacked: View):
     u = self.uop
-    if u.op is Ops.VIEW and (merged := move(u.arg)) is not None:
+    if u.op is Ops.VIEW and (merged := moved(u.arg, move, arg)) is not None:
       src = u.src[0]
       # a VIEW that reads its computed source exactly as it is says nothing: drop it (buffers and constants keep
       # theirs, the graph's forms for them are VIEW(BUFFER) and VIEW(CONST))
@@ -58,7 +60,7 @@ class MovementMixin:
     if math.prod(shape) != self.numel():
       raise ValueError(f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {shape} "
                        f"({math.prod(shape)} elements)")
-    return self._view(lambda v: v.reshape(shape))
+    return self._view(View.reshape, shape)
 
   def permute(self, *order):
     order = ints(order, "permute")
@@ -66,7 +68,7 @@ class MovementMixin:
        or any(not -self.ndim <= o < self.ndim for o in order):
       raise ValueError(f"permute{order} of a tensor of shape {self.shape}: give each axis 0..{self.ndim - 1} once")
     order = tuple(o % self.ndim for o in order)
-    return self._view(lambda v: v.permute(order))
+    return self._view(View.permute, order)
 
   def transpose(self, a: int = -2, b: int = -1):
     """Swap axes a and b."""
@@ -91,10 +93,23 @@ class MovementMixin:
     if any(p != s and p != 1 for s, p in zip(shape, padded)) or any(s < 0 for s in shape):
       raise ValueError(f"cannot expand a tensor of shape {self.shape} to {shape}: only size-1 dimensions can grow")
     countable(shape, f"expand of a tensor of shape {self.shape}")
-    return self.reshape(padded)._view(lambda v: v.expand(shape))
+    return (self if padded == self.shape else self._view(View.reshape, padded))._view(View.expand, shape)
 
   def broadcast_to(self, shape: tuple[int, ...]):
     return self if tuple(shape) == self.shape else self.expand(shape)
+
+  def _broadcast(self, shape: tuple[int, ...]):
+    """This tensor broadcast to `shape`, which the caller got from broadcast_shape (so it is one): reshape + expand
+    without checking the arguments again."""
+    if shape == self.shape: return self
+    countable(shape, f"expand of a tensor of shape {self.shape}")
+    padded = (1,) * (len(shape) - len(self.shape)) + self.shape
+    return (self if padded == self.shape else self._view(View.reshape, padded))._view(View.expand, shape)
+
+  def _reshape(self, shape: tuple[int, ...]):
+    """reshape to a tuple of ints of this tensor's element count (the caller's own shapes): without checking it
+    again."""
+    return self._view(View.reshape, shape)
 
   def pad(self, padding, value=0.0):
     """Grow each dimension by (before, after) elements holding `value`; one pair per dimension, or None for (0, 0)."""
@@ -105,7 +120,7 @@ class MovementMixin:
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: pads must be >= 0 (use shrink to cut)")
     if all(p == (0, 0) for p in padding): return self
     countable(tuple(s + b + a for s, (b, a) in zip(self.shape, padding)), f"pad {padding} of a tensor of shape {self.shape}")
-    out = self._view(lambda v: v.pad(padding))
+    out = self._view(View.pad, padding)
     if value == 0 and math.copysign(1, value) > 0: return out  # a masked-off element of a View reads 0 (not -0.0)
     # elsewhere: where(the padded ones mask, x, value); the mask is a padded constant, so no buffer either
     valid = self._const(True, dtypes.bool, self.shape).pad(padding)
@@ -119,13 +134,13 @@ class MovementMixin:
       raise ValueError(f"shrink {bounds} of a tensor of shape {self.shape}: give one (start, end) pair per dimension")
     if any(not 0 <= b <= e <= s for (b, e), s in zip(bounds, self.shape)):
       raise ValueError(f"shrink {bounds} of a tensor of shape {self.shape}: each pair needs 0 <= start <= end <= size")
-    return self._view(lambda v: v.shrink(bounds))
+    return self._view(View.shrink, bounds)
 
   def flip(self, axis=None):
     """Reverse the order of elements along `axis` (int or tuple; None: every axis)."""
     axes = normalize_axes(axis, self.shape, "flip")
     axes = tuple(a for a in axes if self.shape[a] > 1)
-    return self._view(lambda v: v.flip(axes)) if axes else self
+    return self._view(View.flip, axes) if axes else self
 
   def squeeze(self, axis=None):
     """Drop size-1 dimensions: all of them, or those named (each must have size 1)."""
@@ -133,14 +148,14 @@ class MovementMixin:
     if axis is None: axes = tuple(d for d in axes if self.shape[d] == 1)
     elif any(self.shape[d] != 1 for d in axes):
       raise ValueError(f"squeeze({axis}) of a tensor of shape {self.shape}: only size-1 dimensions can be squeezed")
-    return self.reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
+    return self._reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
 
   def unsqueeze(self, axis: int):
     """A new size-1 dimension at `axis` (-ndim-1..ndim)."""
     if not -self.ndim - 1 <= axis <= self.ndim:
       raise AxisError(f"unsqueeze({axis}) of a tensor of shape {self.shape}: axis must be in {-self.ndim - 1}..{self.ndim}")
     axis = axis % (self.ndim + 1)
-    return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+    return self._reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1):
     """Dimensions start_dim..end_dim (inclusive) merged into one."""
@@ -181,7 +196,7 @@ class MovementMixin:
         bounds.append((int(i) % size, int(i) % size + 1)); steps.append(1)
       d += 1
     out = self.shrink(bounds).flip(tuple(flips))
-    if any(s != 1 for s in steps): out = out._view(lambda v: strided(v, tuple(steps)))
+    if any(s != 1 for s in steps): out = out._view(strided, tuple(steps))
     return out.reshape(tuple(out_shape))
 
   def gather(self, axis: int, index):

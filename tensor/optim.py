@@ -47,6 +47,7 @@ class Optimizer:
     if not live: raise RuntimeError(f"{type(self).__name__}.step(): no parameter has a gradient; call loss.backward() first")
     self.steps += 1
     writes = []
+    self._prepare()
     for i, p in enumerate(self.params):
       if p.grad is None: continue
       for target, value in self._update(i, p, p.grad):
@@ -55,6 +56,9 @@ class Optimizer:
     write_many(writes, also=[p.grad for p in live] + pending_losses())
 
   def _counters(self) -> list: return []
+
+  def _prepare(self) -> None:
+    """This step's scalars that every parameter's update reads: built once, not once per parameter."""
 
   def _update(self, i: int, p: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
     """(tensor, its new value) for parameter i and its state."""
@@ -104,15 +108,18 @@ class Adam(Optimizer):
   def _counters(self):
     return [(t, View.contiguous(()), t * b) for t, b in ((self.b1_t, self.b1), (self.b2_t, self.b2))]
 
+  def _prepare(self):
+    # this step's 1 - b1^t and 1 - b2^t, and what the update reads of them
+    self._step_size = self._lr / (1 - self.b1_t * self.b1)
+    self._bias2_root = (1 - self.b2_t * self.b2).sqrt()
+    self._decay = 1 - self._lr * self.weight_decay if self.weight_decay and self.decoupled else None
+
   def _update(self, i, p, g):
     if self.weight_decay and not self.decoupled: g = g + self.weight_decay * p
-    if self.weight_decay and self.decoupled: p_decayed = p * (1 - self._lr * self.weight_decay)
-    else: p_decayed = p
+    p_decayed = p if self._decay is None else p * self._decay
     m = self.m[i] * self.b1 + g * (1 - self.b1)
     v = self.v[i] * self.b2 + (g * g) * (1 - self.b2)
-    bias1 = 1 - self.b1_t * self.b1   # this step's 1 - b1^t
-    bias2 = 1 - self.b2_t * self.b2
-    new_p = p_decayed - (self._lr / bias1) * m / (v.sqrt() / bias2.sqrt() + self.eps)
+    new_p = p_decayed - self._step_size * m / (v.sqrt() / self._bias2_root + self.eps)
     return [(self.m[i], m), (self.v[i], v), (p, new_p)]
 
 

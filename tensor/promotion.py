@@ -56,8 +56,10 @@ def with_scalar(dt: DType, x) -> DType:
   return dtypes.default_int if kind == 'i' else dtypes.default_float
 
 
-def is_scalar(x) -> bool:
-  return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating))
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def is_scalar(x) -> bool: return isinstance(x, _SCALARS)
 
 
 def py_scalar(x):
@@ -70,12 +72,15 @@ def py_scalar(x):
 
 def result_dtype(operands) -> DType:
   """The dtype a mix of tensors (anything with .dtype) and Python scalars meets in: tensors first, then scalars."""
-  tensors = [o for o in operands if not is_scalar(o)]
-  scalars = [py_scalar(o) for o in operands if is_scalar(o)]
-  if not tensors: return dtypes.from_py(scalars)
+  return promoted([o for o in operands if not is_scalar(o)], [o for o in operands if is_scalar(o)])
+
+
+def promoted(tensors: list, scalars: list) -> DType:
+  """result_dtype of the operands already told apart: tensors, and (Python or numpy) scalars."""
+  if not tensors: return dtypes.from_py([py_scalar(s) for s in scalars])
   dt = tensors[0].dtype
   for t in tensors[1:]: dt = promote(dt, t.dtype)
-  for s in scalars: dt = with_scalar(dt, s)
+  for s in scalars: dt = with_scalar(dt, py_scalar(s))
   return dt
 
 

@@ -25,7 +25,7 @@ class ReduceMixin:
     if self.dtype is dtypes.bfloat16:   # compared in float32 (exact), like its arithmetic (elementwise._alu)
       return self.float()._reduce(op, axis, keepdim, what).cast(dtypes.bfloat16)
     out = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)), kept)
-    return out if keepdim else out.reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
+    return out if keepdim else out._reshape(tuple(s for d, s in enumerate(self.shape) if d not in axes))
 
   def _reduced_count(self, axis) -> int:
     return math.prod(self.shape[d] for d in normalize_axes(axis, self.shape, "reduce"))

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
 from rewrite.dtypes import bf16_bits, bf16_to_float32, bf16_round
-from rules.strided_view import View
+from rules.strided_view import View, scalar_view
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
 from .args import shape_arg, device_name, countable
 from .elementwise import ElementwiseMixin
@@ -30,7 +30,7 @@ def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
   """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere. A bfloat16 constant holds
   its rounded value (its literal is rendered from its bits, and a cast of it to float32 folds to that value)."""
   if dtype is dtypes.bfloat16: value = bf16_round(value)
-  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), View(shape, (0,) * len(shape)))
+  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), scalar_view(tuple(shape)))
 
 
 class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
@@ -40,13 +40,13 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   bfloat16 (which numpy lacks) is made from float data with `dtype=dtypes.bfloat16` (rounded to nearest even) and
   `numpy()` gives its values as float32 (exactly); `Tensor.from_bf16_bits` / `bf16_bits()` move the raw uint16 bits."""
   # _requires_grad and grad belong to the gradient API (tensor/autograd.py); weak references: the registry of views
-  # (assign.py) and of tensors that require gradients (autograd.py)
-  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "__weakref__")
+  # (assign.py) and of tensors that require gradients (autograd.py); _viewing: what it views (assign.py's registry)
+  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "_viewing", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
   __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
 
   def __init__(self, data, dtype=None, device=None, requires_grad: bool = False):
-    self._requires_grad, self.grad = False, None
+    self._requires_grad, self.grad, self._viewing = False, None, None
     self._init(data, dtype, device)
     if requires_grad: self.requires_grad = True
 
@@ -72,7 +72,8 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   @classmethod
   def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
     t = object.__new__(cls)
-    t.uop, t.shape, t.device, t._requires_grad, t.grad = uop, tuple(shape), device, False, None
+    t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
+      uop, shape if shape.__class__ is tuple else tuple(shape), device, False, None, None
     return note(t)   # the memory it views, if it is a view of memory (tensor/assign.py)
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:

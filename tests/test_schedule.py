@@ -125,6 +125,25 @@ def test_independent_kernels_of_one_shape_merge_and_their_reader_runs_after():
   np.testing.assert_allclose(out.numpy(), (x.numpy() + 1) + y.numpy() * 2, rtol=1e-6)
 
 
+def test_two_products_of_one_shape_stay_apart_and_each_is_tiled():
+  # merged, neither loop nest would be a product the planner tiles (attention's backward: dq and dk)
+  v = Tensor(rng.standard_normal((48, 16)).astype(np.float32))
+  program = build_program([((x @ w).uop, x.device), ((y @ v).uop, x.device)])
+  assert len(program.kernels_called()) == 2
+  assert all("vector" in str(k.plan) for k in program.kernels_called()), [str(k.plan) for k in program.kernels_called()]
+
+
+def test_a_product_and_a_value_computed_from_it_are_one_tiled_kernel():
+  # (a layer's pre-activation and its output, both kept for a backward pass): the product runs once, in a register
+  # tile whose registers feed both stores
+  h = x @ w
+  program = build_program([(h.uop, x.device), ((h.relu() * 2).uop, x.device)])
+  assert len(program.kernels_called()) == 1 and "vector" in str(program.kernels_called()[0].plan)
+  out = h.relu() * 2
+  Tensor.realize_all(h, out)
+  np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy(), 0) * 2, rtol=1e-5, atol=1e-6)
+
+
 def test_attention_computes_its_scores_once():
   # the max and the sum read the scores from a buffer, and so do the probabilities: q @ k.T runs in one kernel
   q, k, v = (Tensor(rng.standard_normal((2, 16, 8)).astype(np.float32)) for _ in range(3))

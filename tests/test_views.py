@@ -112,6 +112,24 @@ def test_a_view_of_a_constant_tensor_sees_updates_as_a_kv_cache_needs():
   same(seen_t, seen_a); same(t, a)
 
 
+def test_views_still_write_through_after_many_others_came_and_went():
+  # the registry forgets views that are gone (and buffers that are) in batches: the live ones must stay in it
+  a, t = both(np.zeros((4, 4), np.float32))
+  row_a, row_t = a[1], t[1]
+  lazy = Tensor(np.ones((4, 4), np.float32)) * 2
+  col = lazy[:, 2]
+  kept = []
+  for i in range(300):
+    t[i % 4].T, Tensor(np.zeros(3, np.float32))[1:], lazy[i % 4]   # made and dropped
+    b = Tensor(np.zeros(3, np.float32)); kept.append((b, b[1:]))
+  t[1, 2] = 7; a[1, 2] = 7
+  lazy[3, 2] = 5
+  same(row_t, row_a); same(t, a)
+  np.testing.assert_array_equal(col.numpy(), [2, 2, 2, 5])
+  for i, (b, view) in enumerate(kept): b[2] = np.full((), i, np.float32)   # (data, not a constant: one program)
+  assert [(int(b.numpy()[2]), int(view.numpy()[1])) for b, view in kept] == [(i, i) for i in range(300)]
+
+
 def test_a_reshape_round_trip_of_a_lazy_tensor_is_still_a_view():
   a, t = np.arange(6, dtype=np.float32) * 2, Tensor(np.arange(6, dtype=np.float32)) * 2
   ra, rt = a.reshape(2, 3).reshape(6), t.reshape(2, 3).reshape(6)

@@ -8,6 +8,8 @@ from rewrite import uop as uop_module
 import importlib
 engine = importlib.import_module("rewrite.graph_rewrite")   # the module (the package re-exports its function by the same name)
 import runtime.realize as rt
+from tensor import assign as registry
+from rules import strided_view
 
 
 def layer(x: Tensor, w: Tensor) -> Tensor: return ((x @ w).relu() + x).sum(axis=1)
@@ -76,10 +78,15 @@ def test_the_tables_stay_bounded_over_many_calls_with_new_inputs():
   for _ in range(5): call()
   gc.collect()
   sizes, nodes = (len(rt._plans), len(rt._kernels), len(rt._by_name)), len(uop_module._cache)
+  bases, moves = len(registry._by_base), len(strided_view._moves)
   for _ in range(200): call()
   gc.collect()
   assert (len(rt._plans), len(rt._kernels), len(rt._by_name)) == sizes
   assert len(uop_module._cache) <= nodes   # the interning table holds live nodes only
+  # every call's input is a new buffer with views of its own: the registry of views forgets those that are gone
+  assert len(registry._by_base) <= max(64, 2 * bases + 8)
+  assert len(registry._by_base[id(w.uop.src[0].arg)]) <= 17   # w's views: made and dropped on every call
+  assert len(strided_view._moves) == moves   # the same movements on every call
 
 
 def test_the_plan_table_forgets_its_oldest_entry_past_its_bound(monkeypatch):

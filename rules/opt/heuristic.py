@@ -80,10 +80,13 @@ def tile_rows(size: int, most: int) -> int | None:
 
 
 def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
-  """The opts of a register tile for a kernel of one store of a float sum of products of loads, else None."""
-  if len(sink.src) != 1 or sink.src[0].op is not Ops.STORE: return None
+  """The opts of a register tile for a kernel of a float sum of products of loads, else None. The kernel may store
+  several values computed from that one sum, all at one index (a layer's output and the values between it and the
+  product that a backward pass reads): each register of the tile then feeds every store."""
+  if not sink.src or any(st.op is not Ops.STORE for st in sink.src): return None
   st = sink.src[0]
-  reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
+  if any(other.src[0].src[1] is not st.src[0].src[1] for other in sink.src[1:]): return None
+  reds = list(dict.fromkeys(n for other in sink.src for n in other.src[1].toposort if n.op is Ops.REDUCE))
   if len(reds) != 1 or reds[0].arg is not Ops.ADD or not reds[0].dtype.is_float or reds[0].dtype.itemsize != 4: return None
   red = reds[0]
   loads = loads_of(red.src[0])
