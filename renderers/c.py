@@ -81,6 +81,8 @@ def _vector_typedefs() -> str:
       # (base and index apart: base+index may lie outside the buffer, and only valid lanes form an address)
       lines.append(f"static __attribute__((noinline)) {t} g_masked_{t}(const {scalar}* base, long long index, int valid) {{ "
                    f"{t} v = {{0}}; for (int i = 0; i < {n}; i++) if (valid >> i & 1) v[i] = base[index + i]; return v; }}")
+  # a vector of bool is what gcc's vector comparison of 32-bit lanes gives: 0 or -1 (all bits) per lane
+  lines += [f"typedef intx{n} boolx{n};" for n in (2, 4, 8, 16)]
   return "\n".join(lines)
 
 
@@ -98,15 +100,36 @@ static inline g_bf16 g_float_to_bf16(float f) {
 """
 
 
+def _vector_exp2(n: int) -> str:
+  """g_exp2f over the lanes of a floatx{n}: the same operations in the same order (so the same bits in every lane),
+  each select a bitwise one on gcc's 0/-1 masks (C has no `?:` of vectors)."""
+  f, i = f"floatx{n}", f"intx{n}"
+  c = lambda v: f"(({f}){{{', '.join([v] * n)}}})"
+  sel = lambda m, a, b: f"(({f})((({i}){a} & {m}) | (({i}){b} & ~{m})))"
+  poly = "".join(f" p = p * f + {k};" for k in ("1.5403530393381609e-04f", "1.3333558146428443e-03f", "9.6181291076284772e-03f",
+                                              "5.5504108664821580e-02f", "2.4022650695910071e-01f", "6.9314718055994531e-01f", "1.0f"))
+  return (f"static inline {f} g_exp2f_x{n}({f} a) {{\n"
+          f"  {i} nan = a != a; {f} x = ({f})(({i})a & ~nan);\n"
+          f"  {i} lo = x < {c('-151.0f')}; x = {sel('lo', c('-151.0f'), 'x')};\n"
+          f"  {i} hi = x > {c('129.0f')}; x = {sel('hi', c('129.0f'), 'x')};\n"
+          f"  {f} r0 = (x + 12582912.0f) - 12582912.0f, f = x - r0;\n"
+          f"  {f} p = {c('1.5252733804059840e-05f')};{poly}\n"
+          f"  {i} k = __builtin_convertvector(r0, {i}), k1 = k >> 1, k2 = k - k1;\n"
+          f"  {f} r = p * ({f})((k1 + 127) << 23) * ({f})((k2 + 127) << 23);\n"
+          f"  return {sel('nan', 'a', 'r')};\n}}")
+
+
 class CLanguage(Language):
   def math(self, fn: str, dt) -> str:
+    if dt.scalar is dtypes.float32 and fn == "exp2" and dt.count > 1: return f"g_exp2f_x{dt.count}"
     if dt is dtypes.float32 and fn in ("exp2", "log2"): return f"g_{fn}f"
     return super().math(fn, dt)
 
 
 # gcc 12 does not vectorize some loops inside OpenMP's outlined parallel region (a convolution's inner loop gets "no
 # vectype"); the same loop in a function of its own does vectorize, so a parallel loop's body is one
-C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE, BF16), outline_parallel=True)
+C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE, *(_vector_exp2(n) for n in (2, 4, 8, 16)), BF16),
+              outline_parallel=True)
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:
@@ -148,7 +171,17 @@ def _vector_store(ctx: RenderContext, idx: UOp, val: UOp) -> str | None:
 
 def _vector_literal(ctx: RenderContext, v: UOp) -> str:
   lanes = v.src * v.dtype.count if len(v.src) == 1 else v.src   # one source: a broadcast
-  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(ctx[s] for s in lanes)}}})"
+  # a bool (0 or 1) becomes a mask lane (0 or -1), as a vector comparison makes them
+  texts = [f"-({ctx[s]})" if v.dtype.scalar is dtypes.bool else ctx[s] for s in lanes]
+  return f"(({ctx.lang.type(v.dtype)}){{{', '.join(texts)}}})"
+
+
+def _vector_select(ctx: RenderContext, x: UOp) -> str | None:
+  """A select of vectors by a mask (C has no `?:` of vectors): the bits of each lane taken from one side."""
+  if x.dtype.count == 1: return None
+  t, m = ctx.lang.type(x.dtype), ctx.lang.type(x.src[0].dtype)
+  c, a, b = (ctx[s] for s in x.src)
+  return f"(({t})((({m}){a}&{c})|(({m}){b}&~{c})))"
 
 
 def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
@@ -162,6 +195,8 @@ c_rules = PatternMatcher([
   (UPat(Ops.LOAD, name="ld"), _vector_load),
   (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("val"))), _vector_store),
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
+  (UPat(Ops.WHERE, name="x"), _vector_select),
+  (UPat(Ops.RECIP, name="x"), lambda ctx, x: f"(1.0f/{ctx[x.src[0]]})" if x.dtype.count > 1 else None, "render_vector_recip"),
   (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])", "render_gep"),
   (UPat(Ops.DEFINE_ACC, src=(UPat(Ops.REDUCE, name="red"),)), _vector_accumulator),
   # a packed buffer (rules/opt/pack.py) is an array on the stack of the thread that fills it; the BARRIER that says

@@ -31,7 +31,7 @@ from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, InOrder
 from .realize import NewBuffer, normalize, buffers_written
 from .strided_view import View, compose, contiguous_strides
-from .gpu_split import split_reduction_plan, split_reduction
+from .gpu_split import cache_split_plan, split_reduction_plan, split_reduction
 
 
 @dataclass(frozen=True)
@@ -263,13 +263,15 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
 
 
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
-  """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
-  (rules/gpu_split.py); with split_mode "on", the two calls alone."""
+  """A reduction of few, long rows on a GPU, or a product whose panels would not stay in the CPU's cache: a PICK between
+  the kernel and its split into partials and their combine (rules/gpu_split.py); with split_mode "on", the two calls
+  alone."""
   if ctx.split_mode == "off": return None
   # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
   written = buffers_written(k)
   if any(n in written for st in k.src for n in st.src[1].toposort): return None
-  if (sms := ctx.multiprocessors(k.arg)) is None or (opt := split_reduction_plan(k, sms)) is None: return None
+  sms = ctx.multiprocessors(k.arg)
+  if (opt := cache_split_plan(k) if sms is None else split_reduction_plan(k, sms)) is None: return None
   partials, combine, scratches = split_reduction(k, opt)
   if ctx.split_mode == "on": return UOp(Ops.SINK, src=(call_kernel(ctx, partials), call_kernel(ctx, combine)))
   norm, buffers = normalize(k)

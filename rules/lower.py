@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
-from .strided_view import unflatten
+from .strided_view import View, unflatten, contiguous_strides
 from .shapes import shape_of
 
 
@@ -59,9 +59,20 @@ def index_view(ctx: LowerContext, i: UOp, v: UOp, x: UOp) -> UOp:
     index = UOp(Ops.INDEX, x.dtype.ptr(), (ctx.define_global(x), flat))
     return UOp(Ops.LOAD, i.dtype, (index,) if valid is None else (index, valid))
   if x.op is Ops.CONST: return guarded(valid, UOp.const(i.dtype, x.arg))
+  if (direct := broadcast_indices(v.arg, shape_of(x), idxs)) is not None: return indexed(x, direct)
   # where the view is padding, `flat` may lie outside x, and x's loads, computed anyway (the where is a select), would
   # read outside their buffers (GRAFT_SANITIZE found it, issue 22): there x is read at index 0 instead
   return guarded(valid, indexed(x, unflatten(flat if valid is None else valid.where(flat, UOp.const(flat.dtype, 0)), shape_of(x))))
+
+
+def broadcast_indices(view: View, shape: tuple[int, ...], idxs) -> list[UOp] | None:
+  """The source's indices, dimension by dimension, where the view only broadcasts its source's own layout (a row
+  statistic read along the row: softmax's max); else None. Going through the flat index instead asks the symbolic
+  stage to undo a division and a modulo, and it does so only after the reductions are made: a reduction read twice
+  (the sum's pass and the output's) would be lowered twice, as two loops."""
+  if view.mask is not None or view.offset != 0 or len(shape) != view.ndim or view.strides != contiguous_strides(shape): return None
+  if any(s != n and s != 1 for s, n in zip(shape, view.shape)): return None
+  return [i if s == n else UOp.const(i.dtype, 0) for i, s, n in zip(idxs, shape, view.shape)]
 
 
 def index_reduce(ctx: LowerContext, i: UOp, r: UOp, x: UOp) -> UOp:

@@ -89,6 +89,10 @@ def _cpu_gemm(batch_strided: bool = True) -> Callable | None:
            f"void {prefix}cblas_sgemm_batch_strided(int order, int ta, int tb, int m, int n, int k, float alpha,"
            f" uintptr_t a, int lda, int stridea, uintptr_t b, int ldb, int strideb, float beta, uintptr_t c, int ldc,"
            f" int stridec, int count);")
+  # OpenBLAS's threads spin for 2^28 cycles (~0.1 s) after each call before they sleep: on the cores that our OpenMP
+  # kernels run on next (attention's softmax after q @ k.T), so those ran at half speed or worse (8x512x64 attention,
+  # 2 cores: 15.9 -> 8.0 ms with 2^4). Read by the library when it loads; a user's own setting wins.
+  os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
   lib = ffi.dlopen(os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so"))
   gemm = getattr(lib, f"{prefix}cblas_sgemm")
   try: batched = getattr(lib, f"{prefix}cblas_sgemm_batch_strided") if batch_strided else None

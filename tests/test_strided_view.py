@@ -311,3 +311,4 @@ def test_shape_of_deep_chain():
   for k in range(200_000): node = UOp(Ops.VIEW, dtypes.float32, (node,), views[k % 2])
   assert shape_of(node) == (6,)
   assert shape_of(node.src[0]) == (2, 3)  # cached on the way
+

@@ -24,10 +24,11 @@ from .upcast import upcast_rules
 from .vector import vector_rules
 from .pack import pack_rules
 from .loops import loop_rules
+from .rows import row_value_rules
 
 # the stages that carry out a plan, in order (the "opt" stage before them records the plan: rules/pipeline.py)
 OPT_STAGES = [("opt_pad", pad_rules), ("opt_split", split_rules), ("opt_loops", loop_rules),
-              ("opt_pack", pack_rules), ("opt_upcast", upcast_rules), ("opt_vector", vector_rules)]
+              ("opt_pack", pack_rules + row_value_rules), ("opt_upcast", upcast_rules), ("opt_vector", vector_rules)]
 
 __all__ = ["CPU_KINDS", "GPU_KINDS", "Opt", "OptKind", "Plan", "OptContext", "InvalidPlan", "kernel_axes", "check_plan", "OPT_STAGES", "opt_context",
            "plan_rules", "pad_rules", "split_rules", "pack_rules", "upcast_rules", "vector_rules", "loop_rules"]

@@ -23,10 +23,15 @@ import functools, math
 from rewrite import UOp, Ops, dtypes
 from rules.linearize import open_ranges, loop_work, nesting_key
 from .plan import Opt, OptKind, Plan
-from .pack import MAX_LOCAL_BYTES, coefficient
+from .pack import coefficient
 
 PARALLEL_WORK = 1 << 15  # iterations below which starting threads costs more than it saves
-PANEL_BYTES = 128 << 10  # a packed panel of B this large stays in the L2 cache
+# a packed panel of B (per vector of columns; a tile's two vectors pack twice this) this large stays in the L2 cache:
+# 256 KiB packs a GPT's fc2 (3072 x 32 floats, 384 KiB), which read strided from W ran 2.4x slower (11.0 against 4.6 ms,
+# 128x3072x768, one thread); packed panels are at most MAX_LOCAL_BYTES (rules/opt/pack.py)
+PANEL_BYTES = 256 << 10
+B_IN_CACHE_BYTES = 128 << 10   # a whole B up to this is packed whole and each tile of rows sweeps it (P @ V)
+CONV_PANEL_BYTES = 256 << 10   # a convolution's packed weights (tests measured at this size)
 CONV_ACCUMULATORS = {8: 8, 16: 16}   # vector accumulators of a convolution's tile: half the registers (AVX2, AVX-512)
 
 
@@ -121,7 +126,7 @@ def register_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
       # L1 (attention's P @ V: 1.3x faster than streaming P four times)
       if packable and (rows > vecs or not contiguous):
         whole = math.prod(size(r) for r in red.src[1:]) * size(j) * 4
-        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs and whole > PANEL_BYTES else [])
+        opts += [Opt(OptKind.PACK, n[others[-1]])] + ([Opt(OptKind.INTERCHANGE, n[j])] if rows > vecs and whole > B_IN_CACHE_BYTES else [])
     if contiguous or any(o.kind is OptKind.PACK for o in opts): return opts
   if len(loads) > 1 and all(coefficient(i, k) == 1 for i in idx) and size(k) % w == 0 and all(len(ld.src) == 1 for ld in loads):
     # dot form: vector partial sums along k, a 4 x 4 tile of outputs
@@ -147,7 +152,7 @@ def conv_tile(sink: UOp, axes: list[UOp]) -> list[Opt] | None:
     if j not in x.toposort or len(window & set(x.toposort)) < 2 or j in wt.toposort or len(wt.src) != 1: continue
     channels = [r for r in outs if r in wt.toposort and r not in x.toposort and size(r) % w == 0]
     panel = math.prod(size(r) for r in red.src[1:]) * w * 4
-    if not channels or panel > MAX_LOCAL_BYTES: continue
+    if not channels or panel > CONV_PANEL_BYTES: continue
     c, n = channels[-1], {r: i for i, r in enumerate(axes)}
     # two vectors of channels x (accumulators / 2) columns: each step loads two vectors of weights and broadcasts
     # one input element per column

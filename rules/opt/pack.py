@@ -23,7 +23,7 @@ from rules.symbolic import terms_of
 from .plan import OptContext, OptKind
 from .upcast import at_values, part_kind
 
-MAX_LOCAL_BYTES = 256 << 10   # a packed buffer lives on the stack of its thread
+MAX_LOCAL_BYTES = 512 << 10   # a packed buffer lives on the stack of its thread (8 MiB: glibc's default for threads)
 
 
 def pack_load(ctx: OptContext, ld: UOp, buf: UOp, idx: UOp) -> UOp | None:

@@ -5,8 +5,11 @@ Stage `opt_vector` (rule set `vector_rules`). In: a kernel where one RANGE (the 
 - a load whose address moves by one element per lane is one vector load from the address of lane 0 (with a validity
   per lane when it is masked); any other load is a gather (a `VECTORIZE` of one scalar load per lane);
 - float and int32 `+ * - /` of vectors are vector ops, a lane-independent operand broadcast (`VECTORIZE` of one
-  source); any other op reads its vector operands lane by lane (`GEP(vector, lane)`) and stays scalar until a vector
-  op, a reduction or a store asks for all lanes, which then gets one copy per lane;
+  source); so are `<` and `!=` of float32 or int32 vectors (a `bool` vector: a mask of 0 or -1 per lane, of the
+  operands' width), a select (`WHERE`) of float32 or int32 vectors, and float32 `exp2` and reciprocal, so that a
+  product's epilogue (relu, GELU's tanh) stays in vector registers beside the tile; any other op reads its vector
+  operands lane by lane (`GEP(vector, lane)`) and stays scalar until a vector op, a reduction or a store asks for
+  all lanes, which then gets one copy per lane;
 - a float sum over other loops accumulates a vector; a sum over the lane loop itself adds up its lanes at the end;
 - a store of contiguous lanes is one vector store, any other a store per lane.
 Values are unchanged, except that a float sum over the lane loop adds in another order.
@@ -22,6 +25,15 @@ from .upcast import parts_in, at_values
 
 VECTOR_TYPES = (dtypes.float32, dtypes.float64, dtypes.int32)   # what the C renderer declares vector types of
 VECTOR_OPS = (Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV)
+MASK_TYPES = (dtypes.float32, dtypes.int32)   # lanes a comparison's mask (32-bit lanes) and a select fit
+
+
+def has_vector_form(x: UOp) -> bool:
+  """Whether an op on vectors is one vector op (else it reads its operands lane by lane)."""
+  if x.op in VECTOR_OPS: return x.dtype.scalar in VECTOR_TYPES
+  if x.op in (Ops.CMPLT, Ops.CMPNE): return x.src[0].dtype.scalar in MASK_TYPES
+  if x.op in (Ops.EXP2, Ops.RECIP): return x.dtype.scalar is dtypes.float32   # (renderers/c.py: g_exp2f_x16, 1.0f/v)
+  return x.op is Ops.WHERE and x.dtype.scalar in MASK_TYPES
 
 
 def lane_loop(u: UOp) -> UOp | None:
@@ -90,13 +102,13 @@ def gather_load(ctx, ld: UOp) -> UOp | None:
 
 
 def vector_alu(ctx, x: UOp) -> UOp | None:
-  if x.dtype.count > 1 or not any(s.dtype.count > 1 for s in x.src) or x.op not in VECTOR_OPS or x.dtype not in VECTOR_TYPES: return None
+  if x.dtype.count > 1 or not any(s.dtype.count > 1 for s in x.src) or not has_vector_form(x): return None
   return x.replace(dtype=x.dtype.vec(ctx.lane.src[0].arg), src=tuple(all_lanes(s, ctx.lane) for s in x.src))
 
 
 def read_lane_by_lane(ctx, x: UOp) -> UOp | None:
   """An op with no vector form reads its vector operands at the lane loop's index: it stays a scalar of the lane."""
-  if x.dtype.count > 1 or not any(s.dtype.count > 1 for s in x.src) or (x.op in VECTOR_OPS and x.dtype in VECTOR_TYPES): return None
+  if x.dtype.count > 1 or not any(s.dtype.count > 1 for s in x.src) or has_vector_form(x): return None
   return x.replace(src=tuple(UOp(Ops.GEP, s.dtype.scalar, (s, ctx.lane)) if s.dtype.count > 1 else s for s in x.src))
 
 
