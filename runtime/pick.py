@@ -7,7 +7,7 @@ computes, its shapes, the device, the machine). Later calls and later processes 
 waited for the device). Each candidate runs once to warm up (a first call may load a library or fault pages in), then
 `RUNS` rounds run each candidate once, in turn; the smallest minimum wins. Load from other processes only adds time,
 and comes in bursts that rounds in turn share out: on a shared 2-core machine a median of three runs taken one
-candidate after the other chose OpenBLAS for attention's products about as often as the generated kernels that beat
+candidate after the other chose OpenBLAS for attention's products in some processes, where the generated kernels beat
 it there (one thread, `bench/cpu_steps.py`: q @ k.T 2.5 against 3.4 ms, p @ v 2.8 against 3.4 ms).
 
 On disk: `<cache dir>/pick/<sha256 of key and machine>.json` holding {"key": [...], "choice": name, "seconds": {...}},
