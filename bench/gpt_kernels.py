@@ -4,9 +4,10 @@ sum is the device's share of a call without overlap.
 
   python bench/gpt_kernels.py --device CUDA                      # 12 layers, 1024 tokens, width 768
   python bench/gpt_kernels.py --layers 2 --tokens 64 --width 128 --heads 4
+  python bench/gpt_kernels.py --device CUDA --attention 32,1024,64   # bench/workloads.py's attn row instead
 """
 from __future__ import annotations
-import argparse, os, sys, time
+import argparse, math, os, sys, time
 from collections import defaultdict
 import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,16 +20,24 @@ def main() -> None:
   ap.add_argument("--tokens", type=int, default=None); ap.add_argument("--width", type=int, default=768)
   ap.add_argument("--heads", type=int, default=12); ap.add_argument("--top", type=int, default=25)
   ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+  ap.add_argument("--attention", default=None, metavar="B,T,D",
+                  help="time the attn workload softmax(q @ k^T / sqrt(D)) @ v of that shape instead of the GPT")
   a = ap.parse_args()
   tokens = a.tokens or (1024 if a.device == "CUDA" else 128)
   from tensor import Tensor, dtypes
   from runtime.realize import find_program
   from gpt import GPT
-  model = GPT(a.layers, a.width, a.heads, getattr(dtypes, a.dtype))
-  x = Tensor(np.random.default_rng(0).standard_normal((tokens, a.width), np.float32), device=a.device)
-  x = x.cast(getattr(dtypes, a.dtype)).realize()
-  model.forward(x).realize(); model.forward(x).realize()
-  program, params = find_program([(model.forward(x).uop, a.device)])
+  rng = np.random.default_rng(0)
+  if a.attention:
+    b, tokens, d = map(int, a.attention.split(","))
+    q, k, v = (Tensor(rng.standard_normal((b, tokens, d), np.float32), device=a.device) for _ in range(3))
+    forward, what = lambda: (q @ k.transpose(-1, -2) / math.sqrt(d)).softmax(-1) @ v, f"attention {a.attention}"
+  else:
+    model = GPT(a.layers, a.width, a.heads, getattr(dtypes, a.dtype))
+    x = Tensor(rng.standard_normal((tokens, a.width), np.float32), device=a.device).cast(getattr(dtypes, a.dtype)).realize()
+    forward, what = lambda: model.forward(x), f"gpt {a.layers} layers, {tokens} tokens, width {a.width}"
+  forward().realize(); forward().realize()
+  program, params = find_program([(forward().uop, a.device)])
   names = []
   for s in program.steps:   # the name each timed step reports under
     names.append(s[1].name if s[0] == "call" else s[3].name if s[0] == "extern" else
@@ -40,7 +49,7 @@ def main() -> None:
     if best is None or sum(seconds) < sum(best): best = seconds
   total, by = sum(best), defaultdict(lambda: [0.0, 0])
   for n, s in zip(names, best): by[n][0] += s; by[n][1] += 1
-  print(f"{a.device} {a.dtype} gpt {a.layers} layers, {tokens} tokens, width {a.width}: kernel time {total * 1e3:.2f} ms over {len(best)} steps")
+  print(f"{a.device} {a.dtype} {what}: kernel time {total * 1e3:.2f} ms over {len(best)} steps")
   for n, (s, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
     plan = next((st[1].plan for st in program.steps if st[0] == "call" and st[1].name == n), "")
     print(f"  {s * 1e3:9.3f} ms  x{c:<3d} {100 * s / total:5.1f}%  {n}  {plan}")

@@ -127,6 +127,11 @@ def _under_contiguous_views(u: UOp) -> UOp:
   return u
 
 
+def _index_only(u: UOp) -> bool:
+  """u is computed from constants and indices alone (a constant, `arange`, a causal mask): reading it reads no memory."""
+  return all(n.op in (Ops.CONST, Ops.IOTA, Ops.VIEW) or n.op in GroupOp.Elementwise for n in u.toposort)
+
+
 def _buffer_views(value: UOp) -> list[View] | None:
   """The views through which `value` reads buffers (through elementwise ops), or None when it reads something
   else whose memory layout is not known here (a view of other computed data, a nested reduction)."""
@@ -136,7 +141,7 @@ def _buffer_views(value: UOp) -> list[View] | None:
     if n in seen: continue
     seen.add(n)
     if n.op is Ops.VIEW and _under_contiguous_views(n.src[0]).op is Ops.BUFFER: views.append(n.arg)
-    elif n.op is Ops.VIEW and n.src[0].op is Ops.CONST: continue
+    elif n.op is Ops.VIEW and _index_only(n.src[0]): continue   # a constant, a causal mask: no memory read
     # a reduction inlined here before, read broadcast: its own reads were judged when it was inlined
     elif n.op is Ops.VIEW and _top_reductions(n.src[0]): continue
     elif n.op in GroupOp.Elementwise: stack.extend(n.src)

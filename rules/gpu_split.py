@@ -1,5 +1,6 @@
-"""Split reductions: a GPU's second way to run a reduction of few, long rows (rules/host.py offers both, the runtime
-times them on first use: runtime/pick.py).
+"""Split reductions: a GPU's second way to run a reduction of few, long rows, and on the CPU a product's way to keep
+its packed panels in cache (`cache_split_plan`); rules/host.py offers both forms, the runtime times them on first use
+(runtime/pick.py).
 
 One block of lanes per row (rules/gpu.py) leaves most of a GPU idle when the rows are few: `x.sum()` of 4096x4096 is one
 block on one of 132 multiprocessors; a column sum `x.sum(0)` is a thread per output, 4096 threads. The record
@@ -68,6 +69,19 @@ def product_split_plan(reds: list[UOp], multiprocessors: int) -> Opt | None:
   blocks, parts = math.prod(batch) * (m // tile[0]) * (n // tile[1]), split_parts(k)
   if not parts or fills(blocks, multiprocessors): return None
   return Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, next((p for p in parts if blocks * p >= FILL_BLOCKS * multiprocessors), parts[-1]))
+
+
+def cache_split_plan(kernel: UOp) -> Opt | None:
+  """On the CPU: a matrix product whose packed panel of B (its k by one vector of columns, rules/opt/heuristic.py
+  PANEL_BYTES) would not stay in cache, its k split into the fewest parts whose panels do (the GPT's MLP-out
+  product, 128x768 over k = 3072, streamed B from memory once per tile of rows at 28-48 GFLOP/s); each part is then a
+  product of the batch of partials, packed; None for another kernel."""
+  from .opt.heuristic import PANEL_BYTES, vector_width
+  if (reds := splittable_reductions(kernel)) is None or (shape := product_shape(reds)) is None: return None
+  k, row = shape[-1], vector_width(reds[0].dtype.itemsize) * reds[0].dtype.itemsize
+  if k * row <= PANEL_BYTES: return None
+  parts = next((p for p in range(2, k + 1) if k % p == 0 and k // p * row <= PANEL_BYTES), None)
+  return None if parts is None else Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, parts)
 
 
 def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> Opt | None:

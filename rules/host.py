@@ -9,7 +9,8 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
     candidate for the runtime's measured pick (runtime/pick.py);
   - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
     runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
-    blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`;
+    blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`; a product that is
+    also a library's gemm has the library call as a third option (attention's p @ v: the split may beat cuBLAS);
   - `COPY(dst, src)`: a copy between devices.
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
 reads the buffer only at the element it writes, else into a new buffer that a copy kernel then writes across.
@@ -30,7 +31,7 @@ from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, InOrder
 from .realize import NewBuffer, normalize, buffers_written
 from .strided_view import View, compose, contiguous_strides
-from .gpu_split import split_reduction_plan, split_reduction
+from .gpu_split import cache_split_plan, split_reduction_plan, split_reduction
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ class Extern:
 @dataclass(frozen=True)
 class Choice:
   """What a PICK step may run: named options, each its calls in order as (normalized kernel, indices of the step's
-  buffers that fill its slots). The first option is the kernel as scheduled."""
-  options: tuple[tuple[str, tuple[tuple[UOp, tuple[int, ...]], ...]], ...]
+  buffers that fill its slots), or as (Extern, indices) for a library call (its operands index those buffers). The
+  first option is the kernel as scheduled."""
+  options: tuple[tuple[str, tuple[tuple[UOp | Extern, tuple[int, ...]], ...]], ...]
 
 
 @dataclass
@@ -245,23 +247,31 @@ def gemm_operands(k: UOp):
 
 
 def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
-  """A matrix product the device's BLAS can do: an EXTERN gemm step, the generated kernel kept as the other choice."""
+  """A matrix product the device's BLAS can do: an EXTERN gemm step, the generated kernel kept as the other choice;
+  where the product is also offered a split over k (a GPU, both picks timed), a PICK among the three."""
   if ctx.extern_mode == "off": return None
   if (mm := gemm_operands(k)) is None: return None
   norm, buffers = normalize(k)
   ext = Extern("gemm", mm[3], tuple(buffers.index(x) for x in mm[:3]), norm, ctx.extern_mode == "pick")
   # the shape first: asking for the routine loads the library
-  return UOp(Ops.EXTERN, src=tuple(buffers), arg=ext) if ext.name in ctx.externs(k.arg) else None
+  if ext.name not in ctx.externs(k.arg): return None
+  if ext.pick and ctx.split_mode == "pick" and (split := offer_split_reduction(ctx, k)) is not None:
+    options = split.arg.options
+    library = ("library", ((ext, tuple(range(len(buffers)))),))   # the step's buffers start with the kernel's own
+    return split.replace(arg=Choice((*options, library)))
+  return UOp(Ops.EXTERN, src=tuple(buffers), arg=ext)
 
 
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
-  """A reduction of few, long rows on a GPU: a PICK between the kernel and its split into partials and their combine
-  (rules/gpu_split.py); with split_mode "on", the two calls alone."""
+  """A reduction of few, long rows on a GPU, or a product whose panels would not stay in the CPU's cache: a PICK between
+  the kernel and its split into partials and their combine (rules/gpu_split.py); with split_mode "on", the two calls
+  alone."""
   if ctx.split_mode == "off": return None
   # a kernel that reads what it writes (an update in place) would apply itself again on every timed run
   written = buffers_written(k)
   if any(n in written for st in k.src for n in st.src[1].toposort): return None
-  if (sms := ctx.multiprocessors(k.arg)) is None or (opt := split_reduction_plan(k, sms)) is None: return None
+  sms = ctx.multiprocessors(k.arg)
+  if (opt := cache_split_plan(k) if sms is None else split_reduction_plan(k, sms)) is None: return None
   partials, combine, scratches = split_reduction(k, opt)
   if ctx.split_mode == "on": return UOp(Ops.SINK, src=(call_kernel(ctx, partials), call_kernel(ctx, combine)))
   norm, buffers = normalize(k)

@@ -11,6 +11,7 @@ alive at once under the plan, `unplanned_bytes` what every intermediate in a buf
 """
 from __future__ import annotations
 import time
+from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 from rewrite import UOp, Ops, viz
@@ -82,7 +83,9 @@ class Program:
         lines.append(f"extern {ext}  {self._io(names, idx, 1)}" +
                      (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
       elif step.op is Ops.PICK:
-        options = [(name, [(kernels[norm], [idx[i] for i in at]) for norm, at in calls]) for name, calls in step.arg.options]
+        options = [(name, [(_callable(kernels, c), [idx[i] for i in at]) for c, at in calls]) for name, calls in step.arg.options]
+        # a library the host stage saw but this process cannot load: its option is not among the candidates
+        options = [o for o in options if all(not isinstance(ck, LibraryCall) or ck.fn is not None for ck, _ in o[1])]
         self.steps.append(("pick", options, [None, ()]))   # [name, its calls]: None until the first run picks
         (_, first), others = options[0], options[1:]
         written = len(step.arg.options[0][1][0][0].src)
@@ -110,7 +113,7 @@ class Program:
     for s in self.steps:
       if s[0] == "call": called.append(s[1])
       elif s[0] == "extern": called.append(s[3])
-      elif s[0] == "pick": called += [ck for _, calls in s[1] for ck, _ in calls]
+      elif s[0] == "pick": called += [getattr(ck, "kernel", ck) for _, calls in s[1] for ck, _ in calls]
     return called
 
   @staticmethod
@@ -195,13 +198,7 @@ class Program:
         self.ran.append(f"{ext.name} or {ck.name}: {choice[0]} ({why})")
       elif fn is None: choice[0] = "generated"
       self._say_picks(debug)
-      if choice[0] == "extern" and fn is not None:
-        t0 = time.perf_counter()
-        fn(args, ext)
-        if debug >= 2:
-          get_device(ck.device).synchronize()
-          dt = time.perf_counter() - t0
-          print(f"  extern {ext.name} via {fn.library:<27s} {dt * 1e3:9.3f} ms  {ext.flops / dt / 1e9:8.2f} GFLOP/s")
+      if choice[0] == "extern" and fn is not None: _run_kernel(LibraryCall(ext, fn, ck), args, debug)
       else: _run_kernel(ck, [args[i] for i in ck.args], debug)
 
   def _say_picks(self, debug: int) -> None:
@@ -227,6 +224,25 @@ class Program:
     return pick.choose(key, {name: _timed(dev, lambda calls=calls: run_all(calls)) for name, calls in options})
 
 
+@dataclass(frozen=True)
+class LibraryCall:
+  """A library routine as one call of a PICK option: run like a kernel on the handles of its slots (the step's
+  buffers the Extern's operands index); `kernel` is the generated kernel it stands in for (its device)."""
+  ext: Extern
+  fn: Callable
+  kernel: object
+
+  @property
+  def name(self) -> str: return str(self.ext)
+
+
+def _callable(kernels: dict, c) -> object:
+  """What a PICK option's call runs: the compiled kernel, or a library call for an Extern."""
+  if not isinstance(c, Extern): return kernels[c]
+  ck = kernels[c.kernel]
+  return LibraryCall(c, extern.routine(ck.device, c.name), ck)
+
+
 def _timed(dev, run: Callable[[], None]) -> Callable[[], float]:
   """A candidate for pick.choose: seconds of one run, waited for on the device."""
   def timed() -> float:
@@ -236,10 +252,21 @@ def _timed(dev, run: Callable[[], None]) -> Callable[[], float]:
 
 
 def _launch(ck, handles: list, wait: bool = False) -> float | None:
+  if isinstance(ck, LibraryCall):
+    ck.fn(handles, ck.ext)
+    if wait: get_device(ck.kernel.device).synchronize()
+    return None
   return ck.program(*handles, global_size=ck.global_size, local_size=ck.local_size, wait=wait)
 
 
 def _run_kernel(ck, handles: list, debug: int) -> None:
+  if isinstance(ck, LibraryCall):
+    t0 = time.perf_counter()
+    _launch(ck, handles, wait=debug >= 2)
+    if debug >= 2:
+      dt = time.perf_counter() - t0
+      print(f"  extern {ck.ext.name} via {ck.fn.library:<27s} {dt * 1e3:9.3f} ms  {ck.ext.flops / dt / 1e9:8.2f} GFLOP/s")
+    return
   dt = _launch(ck, handles, wait=debug >= 2 or viz.recorder is not None) or 0.0
   if viz.recorder is not None: viz.kernel_time(ck.name, dt)   # for the viewer's page
   if debug >= 2:

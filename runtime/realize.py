@@ -252,7 +252,8 @@ def kernel_calls(step: UOp) -> list[tuple[UOp, list[UOp]]]:
   """(normalized kernel, the buffers filling its slots) of every kernel a host step may call."""
   if step.op is Ops.CALL: return [(step.arg, list(step.src))]
   if step.op is Ops.EXTERN: return [(step.arg.kernel, list(step.src))]
-  if step.op is Ops.PICK: return [(norm, [step.src[i] for i in idx]) for _, calls in step.arg.options for norm, idx in calls]
+  if step.op is Ops.PICK:   # a library option's generated kernel (Extern.kernel) is the one its slots read
+    return [(getattr(c, "kernel", c), [step.src[i] for i in idx]) for _, calls in step.arg.options for c, idx in calls]
   return []
 
 

@@ -6,8 +6,8 @@ of the program is a CUDA kernel (and the environment allows it), else the progra
 - takes the program's intermediate storages once and keeps them (a graph's launches name fixed addresses): a replayed
   program holds its intermediates' peak memory (`program.peak_bytes`) between calls, as a captured function should;
   they go back to the allocator's pool when the replay is garbage (`jit`'s `reset()`, or the jit itself dropped);
-- records each run of consecutive kernel calls as one `CUDAGraph` (a library call, a copy between devices, is a host
-  step between two graphs, run as the program runs it);
+- records each run of consecutive kernel calls as one `CUDAGraph` (a library call, a pick that chose one, a copy between
+  devices, is a host step between two graphs, run as the program runs it);
 - on each run, binds the new inputs and outputs and changes the arguments of only the launches that read or write
   them, where their addresses moved.
 `GRAFT_CUDA_GRAPH=0` replays launch by launch instead (for measuring what graphs save).
@@ -15,7 +15,7 @@ of the program is a CUDA kernel (and the environment allows it), else the progra
 from __future__ import annotations
 from rewrite.env import env_flag
 from .device import get_device
-from .program import Program
+from .program import Program, LibraryCall
 
 
 def replayer(program: Program):
@@ -54,7 +54,7 @@ class GraphReplay:
       kind = step[0]
       if kind in ("alloc", "free"): continue   # the storages stay, for the next run
       if kind == "call": calls.append((step[1], step[2]))
-      elif kind == "pick": calls.extend(step[2][1])
+      elif kind == "pick" and not any(isinstance(ck, LibraryCall) for ck, _ in step[2][1]): calls.extend(step[2][1])
       elif kind == "extern" and step[5][0] == "generated": calls.append((step[3], [step[4][i] for i in step[3].args]))
       else: close_graph(); parts.append(_HostStep(self.program, step))
     close_graph()

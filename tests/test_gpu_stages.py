@@ -262,6 +262,19 @@ def test_softmax_and_layernorm_are_one_kernel_on_a_gpu():
     assert len(kernels) == 1
 
 
+def test_a_causally_masked_softmax_is_one_kernel_on_a_gpu():
+  # the mask is computed from indices (triu of a constant), which reads no memory: the row's max and sum are inlined
+  # into the kernel that writes the probabilities, as for an unmasked softmax (the GPT's attention: 3 kernels before)
+  heads, n = 3, 70
+  s = T(heads, n, n)
+  later = Tensor.full((n, n), True, device="CPU").triu(1)
+  p = s.masked_fill(later, -np.inf).softmax(-1)
+  kernels, _ = schedule([p.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  assert len(kernels) == 1
+  want = softmax(np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, s.numpy()))
+  np.testing.assert_allclose(run_on_model_gpu(p)[0], want, rtol=1e-5, atol=1e-6)
+
+
 # ---- a reduction of few, long rows split over blocks: partials into a scratch buffer, then a kernel combining them
 
 def split_cases():

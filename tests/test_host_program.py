@@ -168,3 +168,22 @@ def test_a_step_memory_planning_does_not_know_is_named():
   call = UOp(Ops.CALL, src=(), arg=UOp(Ops.SINK))
   program = UOp(Ops.SINK, src=(UOp(Ops.NOOP), call), arg="steps")   # a known step after it changes nothing
   with pytest.raises(ValueError, match="step Ops.NOOP is not a CALL, EXTERN, PICK or COPY"): index_lifetimes(HostContext(frozenset()), program)
+
+
+def test_a_cpu_product_whose_packed_panel_would_not_stay_in_cache_is_offered_split_over_k(monkeypatch):
+  from rules.opt.heuristic import PANEL_BYTES, vector_width
+  k = 2 * PANEL_BYTES // (vector_width(4) * 4)   # twice the longest k whose panel of B stays in cache
+  x, h, w = (Tensor(arr(*s), device="CPU") for s in ((16, 64), (16, k), (k, 64)))
+  want = x.numpy() + h.numpy() @ w.numpy()
+  np.testing.assert_allclose((x + h @ w).numpy(), want, rtol=1e-4, atol=1e-3)
+  assert "pick" in str(last_program()) and "split_reduce(2, 2)" in str(last_program())   # timed on first use
+  monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "1")
+  np.testing.assert_allclose((x + h @ w).numpy(), want, rtol=1e-4, atol=1e-3)
+  assert len(last_program().kernels_called()) == 2   # the partials of the two halves of k, then their sum plus x
+  monkeypatch.setenv("GRAFT_SPLIT_REDUCE", "0")
+  np.testing.assert_allclose((x + h @ w).numpy(), want, rtol=1e-4, atol=1e-3)
+  assert len(last_program().kernels_called()) == 1
+  x_small = Tensor(arr(16, k // 2), device="CPU") @ Tensor(arr(k // 2, 64), device="CPU")   # its panel fits: one kernel
+  monkeypatch.delenv("GRAFT_SPLIT_REDUCE")
+  x_small.realize()
+  assert "pick" not in str(last_program())

@@ -95,3 +95,25 @@ def test_on_a_gpu_a_long_reduction_runs_either_way_and_the_pick_says_which(fresh
   np.testing.assert_allclose(t.sum().numpy(), x.sum(dtype=np.float64), rtol=1e-4)
   out = capsys.readouterr().out
   assert "one kernel or split_reduce(0, " in out and "fastest on first use" in out, out
+
+
+@pytest.mark.skipif(extern.routine("CPU", "sgemm") is None, reason="scipy-openblas32 is not installed")
+def test_a_product_of_few_tiles_picks_among_one_kernel_its_split_and_the_library(fresh, monkeypatch, capsys):
+  # attention's p @ v on a GPU: the split over k may beat the library's bare product, so it is a third option of the
+  # library's pick; told the CPU is a 132-SM grid, the same PICK runs here on OpenBLAS and real kernels
+  import runtime.realize as rr
+  monkeypatch.setattr(rr, "grid_multiprocessors", lambda device: 132)
+  for var in ("GRAFT_SPLIT_REDUCE", "GRAFT_EXTERN"): monkeypatch.delenv(var, raising=False)
+  monkeypatch.setenv("DEBUG", "2")
+  rng = np.random.default_rng(4)
+  p, v = rng.standard_normal((2, 128, 2048)).astype(np.float32), rng.standard_normal((2, 2048, 64)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(p, device="CPU") @ Tensor(v, device="CPU")).numpy(), p @ v, rtol=1e-4, atol=1e-3)
+  listing, out = str(last_program()), capsys.readouterr().out
+  assert "pick   r_2_128_64_" in listing and "or split_reduce(3, " in listing and "or library: sgemm_batched 2x128x64x2048 (A, B)" in listing
+  assert "one kernel or split_reduce(3, " in out and " or library: " in out and "fastest on first use" in out
+  names = [name for name, _ in next(s for s in last_program().steps if s[0] == "pick")[1]]
+  for name in names:   # whichever option the first run picks, each computes the product
+    pick.forget(); rr._plans.clear()
+    monkeypatch.setattr(pick, "choose", lambda key, candidates, name=name: (name, "chosen by the test"))
+    np.testing.assert_allclose((Tensor(p, device="CPU") @ Tensor(v, device="CPU")).numpy(), p @ v, rtol=1e-4, atol=1e-3)
+    assert f": {name} (chosen by the test)" in capsys.readouterr().out
