@@ -124,6 +124,10 @@ class CPUAllocator(Allocator):
   def copyout(self, dst: memoryview, handle: int) -> None:
     _ffi.memmove(dst, _ffi.cast("void *", handle), dst.nbytes)
 
+  def copy(self, dst: int, src: int, nbytes: int) -> None:
+    """Memory to memory (Buffer.split_version: an optimizer's step keeps each old parameter this way), one memmove."""
+    _ffi.memmove(_ffi.cast("void *", dst), _ffi.cast("void *", src), nbytes)
+
 
 MAX_LIBRARIES = 256  # loaded kernel libraries kept mapped at once, unless GRAFT_MAX_LIBRARIES says otherwise
 

@@ -195,6 +195,15 @@ def test_buffer_roundtrip_every_dtype():
     assert np.array_equal(Buffer("CPU", 10, dt).copyin(x).numpy(), x), dt
 
 
+def test_a_split_version_keeps_the_old_contents_and_hands_the_memory_on():
+  old = Buffer("CPU", 1000, dtypes.float32).copyin(np.arange(1000, dtype=np.float32))
+  memory = old.handle
+  new = old.split_version()                  # one copy, memory to memory (CPUAllocator.copy)
+  assert new.handle == memory and old.handle != memory
+  new.copyin(np.zeros(1000, np.float32))
+  np.testing.assert_array_equal(old.numpy(), np.arange(1000, dtype=np.float32))
+
+
 def test_freed_memory_is_reused(cpu):
   alloc = cpu.allocator
   alloc.clear_pool()
