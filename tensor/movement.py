@@ -24,6 +24,14 @@ def strided(v: View, steps: tuple[int, ...]) -> View:
   return View(shape, tuple(s * st for s, st in zip(v.strides, steps)), v.offset, mask)
 
 
+def padded_expand(v: View, shape: tuple[int, ...]) -> View | None:
+  """v with size-1 dimensions added in front (a reshape) and expanded to `shape`: a broadcast as one movement, so
+  that it makes one tensor, not two; None where the reshape is no single view."""
+  padded = (1,) * (len(shape) - len(v.shape)) + v.shape
+  r = v if padded == v.shape else v.reshape(padded)
+  return None if r is None else r.expand(shape)
+
+
 class MovementMixin:
   __slots__ = ()  # the Tensor's own slots stay its only fields
   def _view(self, move, arg):
@@ -93,7 +101,7 @@ class MovementMixin:
     if any(p != s and p != 1 for s, p in zip(shape, padded)) or any(s < 0 for s in shape):
       raise ValueError(f"cannot expand a tensor of shape {self.shape} to {shape}: only size-1 dimensions can grow")
     countable(shape, f"expand of a tensor of shape {self.shape}")
-    return (self if padded == self.shape else self._view(View.reshape, padded))._view(View.expand, shape)
+    return self._view(padded_expand, shape)
 
   def broadcast_to(self, shape: tuple[int, ...]):
     return self if tuple(shape) == self.shape else self.expand(shape)
@@ -103,8 +111,7 @@ class MovementMixin:
     without checking the arguments again."""
     if shape == self.shape: return self
     countable(shape, f"expand of a tensor of shape {self.shape}")
-    padded = (1,) * (len(shape) - len(self.shape)) + self.shape
-    return (self if padded == self.shape else self._view(View.reshape, padded))._view(View.expand, shape)
+    return self._view(padded_expand, shape)
 
   def _reshape(self, shape: tuple[int, ...]):
     """reshape to a tuple of ints of this tensor's element count (the caller's own shapes): without checking it

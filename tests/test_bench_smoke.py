@@ -39,3 +39,13 @@ def test_warm_calls_bench_reports_the_ratio_and_the_growth():
                         "--size", "8"], capture_output=True, text=True, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr
   assert "new input" in out.stdout and "resident growth after the first 1,000" in out.stdout
+
+
+def test_graph_build_bench_times_each_operation_and_the_gpt_forward():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "graph_build.py"), "--quick"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("operation") and "graft" in lines[0]
+  for op in ("x + y", "x @ w", "x.softmax(-1)"): assert any(l.startswith(op) for l in lines), op
+  assert any(l.startswith("gpt forward, 2 layers") and "find_program" in l for l in lines), out.stdout
