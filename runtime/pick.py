@@ -5,7 +5,10 @@ computes, its shapes, the device, the machine). Later calls and later processes 
 `choose(key, candidates) -> (name, why)`: `key` is a tuple of strings naming the work (kernel, shapes, device);
 `candidates` maps a name to a callable that runs that implementation once and returns its time in seconds (having
 waited for the device). Each candidate runs once to warm up (a first call may load a library or fault pages in), then
-`RUNS` times; the smallest median wins.
+`RUNS` rounds run each candidate once, in turn; the smallest minimum wins. Load from other processes only adds time,
+and comes in bursts that rounds in turn share out: on a shared 2-core machine a median of three runs taken one
+candidate after the other chose OpenBLAS for attention's products in some processes, where the generated kernels beat
+it there (one thread, `bench/cpu_steps.py`: q @ k.T 2.5 against 3.4 ms, p @ v 2.8 against 3.4 ms).
 
 On disk: `<cache dir>/pick/<sha256 of key and machine>.json` holding {"key": [...], "choice": name, "seconds": {...}},
 written atomically by runtime/cache.py's writer (a separate format from the compiled-artifact entries). A file that
@@ -16,13 +19,13 @@ GRAFT_CACHE=0 keeps picks in memory only.
 GRAFT_SPLIT_REDUCE for split reductions on a GPU): "off" for 0, "on" for 1, "pick" (time both) when unset.
 """
 from __future__ import annotations
-import hashlib, json, os, statistics, threading
+import hashlib, json, os, threading
 from pathlib import Path
 from typing import Callable
 from runtime import cache
 
 FORMAT = "graft-pick-1"
-RUNS = 3
+RUNS = 5
 _memory: dict[str, str] = {}
 _lock = threading.Lock()
 
@@ -63,10 +66,10 @@ def choose(key: tuple[str, ...], candidates: dict[str, Callable[[], float]]) -> 
         with _lock: _memory[digest] = known
         return known, f"measured by an earlier process ({path})"
     except (OSError, ValueError, KeyError, TypeError): pass
-  seconds = {}
-  for name, run in candidates.items():
-    run()
-    seconds[name] = statistics.median(run() for _ in range(RUNS))
+  for run in candidates.values(): run()
+  seconds = {name: float("inf") for name in candidates}
+  for _ in range(RUNS):
+    for name, run in candidates.items(): seconds[name] = min(seconds[name], run())
   best = min(seconds, key=seconds.get)
   with _lock: _memory[digest] = best
   if path is not None:
