@@ -5,6 +5,9 @@ sum is the device's share of a call without overlap.
   python bench/gpt_kernels.py --device CUDA                      # 12 layers, 1024 tokens, width 768
   python bench/gpt_kernels.py --layers 2 --tokens 64 --width 128 --heads 4
   python bench/gpt_kernels.py --device CUDA --attention 32,1024,64   # bench/workloads.py's attn row instead
+
+Last line: a warm call's wall time split into building the graph, realize (finding the program, issuing its steps) and
+the wait for the device after the last step is issued (the host's share is what the first two leave unhidden).
 """
 from __future__ import annotations
 import argparse, math, os, sys, time
@@ -53,6 +56,16 @@ def main() -> None:
   for n, (s, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:a.top]:
     plan = next((st[1].plan for st in program.steps if st[0] == "call" and st[1].name == n), "")
     print(f"  {s * 1e3:9.3f} ms  x{c:<3d} {100 * s / total:5.1f}%  {n}  {plan}")
+  # a warm call's wall time in three parts: building the graph, realize (find the program, issue every step), the
+  # wait for the device after the last step was issued
+  from runtime.device import get_device
+  dev, parts = get_device(a.device), []
+  for _ in range(20):
+    t0 = time.perf_counter(); out = forward(); t1 = time.perf_counter(); out.realize(); t2 = time.perf_counter()
+    dev.synchronize(); parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+  med = lambda i: sorted(p[i] for p in parts)[len(parts) // 2] * 1e3
+  print(f"warm call (median of 20): build the graph {med(0):.3f} ms, realize {med(1):.3f} ms, then wait for the device "
+        f"{med(2):.3f} ms; the whole call {sorted(sum(p) for p in parts)[len(parts) // 2] * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":
