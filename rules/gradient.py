@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib, math
 from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each, substitute
 from .shapes import shape_of
-from .strided_view import View
+from .strided_view import View, contiguous_strides
 
 LN_2 = math.log(2)
 
@@ -99,6 +99,8 @@ def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
   order = sorted(range(len(strides)), key=lambda i: -strides[i])
   g = permute(g, order)
   shape, strides = [shape[i] for i in order], [strides[i] for i in order]
+  if offset == 0 and math.prod(shape) == n and tuple(strides) == contiguous_strides(tuple(shape)):
+    return reshape(g, src_shape)   # a read of the whole source in some order (a reshape, a permutation): laid out now
   g, length = reshape(g, (*shape, 1)), 1
   for d in reversed(range(len(shape))):
     s, st, outer = shape[d], strides[d], tuple(shape[:d])
