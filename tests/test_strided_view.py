@@ -4,7 +4,7 @@ Every movement is checked against numpy doing the same thing to an array: a view
 source `1..n` (so that the pad value 0 cannot be mistaken for an element), and its index arithmetic by a small numpy
 evaluator of UOp integer expressions with C division semantics.
 """
-import math
+import math, os
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
@@ -312,3 +312,15 @@ def test_shape_of_deep_chain():
   assert shape_of(node) == (6,)
   assert shape_of(node.src[0]) == (2, 3)  # cached on the way
 
+
+
+def test_a_view_from_another_process_is_equal_and_finds_its_dict_entry():
+  # a View's hash is computed once, when made; one loaded from a pickle made elsewhere (where hash(None), a field of
+  # an unmasked view, differs) must hash as one made here
+  import pickle, subprocess, sys
+  code = "import pickle, sys; from rules.strided_view import View; sys.stdout.buffer.write(pickle.dumps(View((2, 3), (3, 1))))"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  data = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=root,
+                        env={**os.environ, "PYTHONPATH": root}).stdout
+  here = View.contiguous((2, 3))
+  assert pickle.loads(data) == here and {here: "found"}[pickle.loads(data)] == "found"
