@@ -125,10 +125,15 @@ def test_independent_kernels_of_one_shape_merge_and_their_reader_runs_after():
   np.testing.assert_allclose(out.numpy(), (x.numpy() + 1) + y.numpy() * 2, rtol=1e-6)
 
 
+def on_the_cpu(*tensors: Tensor) -> tuple[Tensor, ...]:
+  """The tensors' values on the CPU: tests of the CPU's plans (its `vector` register tiles), whatever DEVICE says."""
+  return tuple(Tensor(t.numpy(), device="CPU") for t in tensors)
+
+
 def test_two_products_of_one_shape_stay_apart_and_each_is_tiled():
   # merged, neither loop nest would be a product the planner tiles (attention's backward: dq and dk)
-  v = Tensor(rng.standard_normal((48, 16)).astype(np.float32))
-  program = build_program([((x @ w).uop, x.device), ((y @ v).uop, x.device)])
+  a, b, wa, wb = on_the_cpu(x, y, w, Tensor(rng.standard_normal((48, 16)).astype(np.float32)))
+  program = build_program([((a @ wa).uop, "CPU"), ((b @ wb).uop, "CPU")])
   assert len(program.kernels_called()) == 2
   assert all("vector" in str(k.plan) for k in program.kernels_called()), [str(k.plan) for k in program.kernels_called()]
 
@@ -136,8 +141,9 @@ def test_two_products_of_one_shape_stay_apart_and_each_is_tiled():
 def test_a_product_and_a_value_computed_from_it_are_one_tiled_kernel():
   # (a layer's pre-activation and its output, both kept for a backward pass): the product runs once, in a register
   # tile whose registers feed both stores
-  h = x @ w
-  program = build_program([(h.uop, x.device), ((h.relu() * 2).uop, x.device)])
+  a, wa = on_the_cpu(x, w)
+  h = a @ wa
+  program = build_program([(h.uop, "CPU"), ((h.relu() * 2).uop, "CPU")])
   assert len(program.kernels_called()) == 1 and "vector" in str(program.kernels_called()[0].plan)
   out = h.relu() * 2
   Tensor.realize_all(h, out)
