@@ -1,6 +1,6 @@
 """Reductions of few, long rows on a GPU, side by side in one process: Graft's one kernel (a block of lanes per row,
 or a thread per output for a column sum), Graft's split reduction (partials over many blocks into a scratch buffer,
-then a small kernel combining them: rules/gpu_split.py), what Graft picks when neither is forced (both
+then a small kernel combining them: rules/split.py), what Graft picks when neither is forced (both
 timed on its first call, runtime/pick.py), and torch where it is installed.
 
   python3 bench/gpu_reduce.py [--device CUDA] [--quick]

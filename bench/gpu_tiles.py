@@ -9,7 +9,7 @@ CUDA events), in TFLOP/s, beside torch's matmul in strict fp32 (allow_tf32=False
 `--gpt` takes the product kernels of the GPT-2-style forward as the model makes them (a product with its bias and
 GELU or residual; attention's two batched products), beside cuBLAS's time for the bare product of the same shape
 (torch.matmul, strict fp32): the heuristic's plan, tile variants and, for the linear layers, the reduction split into partials (a batch of
-products) and their combine (rules/gpu_split.py), the time of both kernels together; `ratio` is Graft's time over
+products) and their combine (rules/split.py), the time of both kernels together; `ratio` is Graft's time over
 cuBLAS's (issue 23's target: at most 1.25).
 It checks the heuristic's result against torch on the same inputs first. Needs a CUDA GPU.
 """
@@ -100,7 +100,7 @@ def gpt_product_kernels(tokens: int, width: int, heads: int):
   from tensor import Tensor
   from rewrite import Ops
   from rules.pipeline import Run, schedule
-  from rules.gpu_split import splittable_reductions
+  from rules.split import splittable_reductions
   from rules.shapes import shape_of
   x = Tensor(np.random.default_rng(0).standard_normal((tokens, width), np.float32))
   kernels, _ = schedule([GPT(1, width, heads).forward(x).uop], ["CUDA"], Run("CUDA", parallel=False, device_loops=True))
@@ -115,7 +115,7 @@ def gpt_product_kernels(tokens: int, width: int, heads: int):
 def gpt_products(dev, tokens: int, width: int, heads: int, only: str | None, max_plans: int) -> None:
   import torch
   from rules.opt import Opt, OptKind
-  from rules.gpu_split import split_reduction
+  from rules.split import split_reduction
   summary = []
   for shape, k in gpt_product_kernels(tokens, width, heads):
     name = "x".join(map(str, shape))
@@ -155,8 +155,8 @@ def gpt_products(dev, tokens: int, width: int, heads: int, only: str | None, max
 
 def offered_split(dev, kernel) -> list:
   """[(label, partials' plan, seconds of both kernels)] of the split the host stage offers beside the kernel (rules/
-  gpu_split.py, the heuristic's plans), or [] where it offers none."""
-  from rules.gpu_split import split_reduction_plan, split_reduction
+  split.py, the heuristic's plans), or [] where it offers none."""
+  from rules.split import split_reduction_plan, split_reduction
   if (opt := split_reduction_plan(kernel, dev.multiprocessor_count)) is None: return []
   partials, combine, _ = split_reduction(kernel, opt)
   (ph, pt), (_, ct) = timed_plans(dev, [(partials, None), (combine, None)])

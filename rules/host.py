@@ -9,7 +9,7 @@ arg="steps")`, the schedule stages' result. Out: `SINK(steps, arg="steps")`, eac
     candidate for the runtime's measured pick (runtime/pick.py);
   - `PICK(*buffers, arg=Choice)`: implementations of one kernel's work, each one or more kernel calls, that the
     runtime times on first use (runtime/pick.py): on a GPU, a reduction of few, long rows as one kernel or split over
-    blocks into partials (rules/gpu_split.py), the partials in scratch buffers among `buffers`; a product that is
+    blocks into partials (rules/split.py), the partials in scratch buffers among `buffers`; a product that is
     also a library's gemm has the library call as a third option (attention's p @ v: the split may beat cuBLAS);
   - `COPY(dst, src)`: a copy between devices.
 A kernel whose result an assignment wants in an existing buffer stores into that buffer: directly when the kernel
@@ -31,7 +31,7 @@ from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, splice_sinks, InOrder
 from .realize import NewBuffer, normalize, buffers_written
 from .strided_view import View, compose, contiguous_strides
-from .gpu_split import cache_split_plan, split_reduction_plan, split_reduction
+from .split import cache_split_plan, split_reduction_plan, split_reduction
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ def call_library_for_matmul(ctx: HostContext, k: UOp) -> UOp | None:
 
 def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   """A reduction of few, long rows on a GPU, or a product whose panels would not stay in the CPU's cache: a PICK between
-  the kernel and its split into partials and their combine (rules/gpu_split.py); with split_mode "on", the two calls
+  the kernel and its split into partials and their combine (rules/split.py); with split_mode "on", the two calls
   alone."""
   if ctx.split_mode == "off": return None
   # a kernel that reads what it writes (an update in place) would apply itself again on every timed run

@@ -11,7 +11,7 @@ import pytest
 from rewrite import Ops, UOp, dtypes
 from rules.gpu import MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, InvalidGridPlan, lanes_of, rows_per_block, rows_per_thread
 from rules.opt import Opt, OptKind, Plan, OptContext
-from rules.gpu_split import split_reduction_plan
+from rules.split import split_reduction_plan
 from rules.pipeline import Run, lower_kernel, schedule, pipeline
 from rules.host import HostContext
 from rules.realize import NewBuffer, normalize

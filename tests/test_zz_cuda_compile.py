@@ -13,7 +13,7 @@ import pytest
 from rewrite import Ops
 from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, launch_dims
 from rules.opt import OptContext
-from rules.gpu_split import split_reduction_plan, split_reduction
+from rules.split import split_reduction_plan, split_reduction
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 from runtime import cuda

@@ -20,7 +20,7 @@ The tile (`product_tile`): 128x128 of 8x8 registers (256 lanes) where its blocks
 or more (4096^3), else 64x128 or 128x64 of 8x8 (128 lanes: 8 loads from shared memory per 64 multiply-adds, against
 8 per 16 with 4x4) where those blocks occupy the multiprocessors (`fills`: 7 in 8 of them at least), else the first
 smaller tile that does, else the smallest that divides. A product whose 8x8 tiles leave multiprocessors idle is
-offered, by the host stage, with its reduction split into parts (rules/gpu_split.py `product_split_plan`), each part a
+offered, by the host stage, with its reduction split into parts (rules/split.py `product_split_plan`), each part a
 product of the batch of partials, which then has the blocks to take the 8x8 tile: the GPT forward's 1024x768 products,
 96 blocks of 64x128, run as 4 x 96.
 Measured on an H100 (bench/gpu_tiles.py --gpt, time over cuBLAS's for the bare product): 1024x768x3072 as one kernel of

@@ -34,7 +34,7 @@ class OptKind(str, Enum):
   LOCAL = "local"              # the loop's next-inner `amount` trips are the lanes of a block (its threads); axis -1:
                                # the kernel's global loops, merged, `amount` of them per block
   GROUP = "group"              # a reduction loop spread over `amount` lanes, each a partial, combined across the lanes
-  SPLIT_REDUCE = "split_reduce"  # a host record: the reduction runs as `amount` partials and a combine (rules/gpu_split.py)
+  SPLIT_REDUCE = "split_reduce"  # a host record: the reduction runs as `amount` partials and a combine (rules/split.py)
   TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 

@@ -137,4 +137,4 @@ def split_reduction(kernel: UOp, opt: Opt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
     combined[red] = UOp(Ops.REDUCE_AXIS, red.dtype, (read,), (red.arg[0], (a,)))
     scratches.append(scratch)
   partials = UOp(Ops.KERNEL, src=tuple(stores), arg=kernel.arg)
-  return partials, substitute(kernel, combined, name="gpu.split_reduce"), tuple(scratches)
+  return partials, substitute(kernel, combined, name="split_reduce"), tuple(scratches)
