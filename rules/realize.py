@@ -94,7 +94,8 @@ def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> 
   An output (`device` given) gets a buffer of its own on that device."""
   if device is None and (done := ctx.stored.get(x)) is not None: return done
   frame = sys._getframe(1)
-  while frame.f_code.co_name.startswith("<"): frame = frame.f_back  # a comprehension inside the rule
+  # a comprehension inside the rule, or `store` deciding for it: the reason names the rule
+  while frame.f_code.co_name.startswith("<") or frame.f_code is store.__code__: frame = frame.f_back
   rule = frame.f_code
   out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
             Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))

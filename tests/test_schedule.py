@@ -185,3 +185,14 @@ def test_kernels_that_need_one_another_are_an_error_not_a_hang():
   # b has two writers; the last listed, k2, reads what k1 writes, and k1 reads b: no order runs them
   k0, k1, k2 = _kernel([b], []), _kernel([c], [b]), _kernel([b], [c])
   with pytest.raises(ValueError, match="need one another: a buffer has several writers"): ScheduleIndex([k0, k1, k2])
+
+
+def test_each_buffer_is_explained_by_the_rule_that_decided_it():
+  # DEBUG=2's reasons name the realize rule, also where a helper of the rules (`store`) made the decision
+  half = Tensor(rng.standard_normal((32, 48)).astype(np.float16))
+  scores = half.layernorm(-1) @ Tensor(rng.standard_normal((48, 32)).astype(np.float16))
+  program = build_program([((scores - scores.max(-1, keepdim=True)).uop, half.device)])
+  reasons = [e for e in program.explanations if "buffer of shape" in e]
+  assert any("(rule _realize_product_operands at" in e for e in reasons), reasons
+  assert any("(rule _realize_before_expand at" in e for e in reasons), reasons
+  assert not any("(rule store at" in e for e in reasons)
