@@ -99,6 +99,12 @@ def softmax_scores(p: UOp) -> UOp | None:
   return None
 
 
+def fusion_switch() -> bool | None:
+  """GRAFT_ATTENTION: True fuses every attention it recognizes, False none, None (unset) those whose unfused scores
+  would be large. It decides the graph, so it is part of the warm-call key (runtime/realize.py find_program)."""
+  return env_flag("GRAFT_ATTENTION", None, "fused attention (unset: where the unfused scores would be large)")
+
+
 def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
   """sum_j P[..., i, j] * V[..., j, d] with P = softmax(S): one node of an online softmax, where its tiles fit."""
   for pv, values in (prod.src, prod.src[::-1]):
@@ -119,7 +125,7 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
              f"({'registers of a GPU thread' if ctx.device_loops else 'the register tile'}: at most {MAX_HEAD[ctx.device_loops]}); three kernels instead")
     return None
   scores_bytes, least = math.prod(batch) * tq * tk * 4, MIN_SCORES_BYTES[ctx.device_loops]
-  if (force := env_flag("GRAFT_ATTENTION", None, "fused attention (unset: where the unfused scores would be large)")) is False or \
+  if (force := fusion_switch()) is False or \
       force is None and scores_bytes < least:
     ctx.note(f"attention not fused: {what}: " + ("GRAFT_ATTENTION=0" if force is False else
              f"its scores take {scores_bytes / 2**20:.1f} MiB, under the {least / 2**20:.0f} MiB from which the fused kernel "

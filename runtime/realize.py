@@ -24,6 +24,7 @@ from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
 from rules.opt import OptContext
+from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
@@ -171,7 +172,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
-  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode())
+  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch())
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:

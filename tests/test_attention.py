@@ -180,8 +180,17 @@ def test_debug2_says_what_was_fused(monkeypatch, capsys):
   assert "no 20x20 buffer" in out
 
 
+def test_graft_attention_changes_a_warm_calls_program_too(monkeypatch):
+  q, k, v = (Tensor(randn(2, 20, 8)) for _ in range(3))
+  attention(q, k, v).realize()
+  assert kernel_calls(last_program()) == 1
+  monkeypatch.setenv("GRAFT_ATTENTION", "0")   # the same graph again: not the fused program of the call before
+  out = attention(q, k, v).realize()
+  assert kernel_calls(last_program()) >= 3
+  np.testing.assert_allclose(out.numpy(), attention(q.numpy(), k.numpy(), v.numpy()), rtol=1e-5, atol=1e-6)
+
+
 def test_by_default_only_large_scores_are_fused(monkeypatch, capsys):
-  # (GRAFT_ATTENTION is read when a graph is compiled: a graph of another structure here, not a warm call's program)
   monkeypatch.delenv("GRAFT_ATTENTION")
   q, k, v = (Tensor(randn(2, 21, 8)) for _ in range(3))
   out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
