@@ -1,14 +1,19 @@
-"""The engine benchmark runs (smoke run with --quick) and prints its table."""
+"""The benchmarks run (smoke runs at small sizes) and print their tables."""
 import os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_rewrite_engine_bench_prints_a_table():
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "rewrite_engine.py"), "--quick"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=300)
+def bench(script: str, *args: str, timeout: int = 600) -> str:
+  """The standard output of `python3 bench/<script> args...`, which must exit 0."""
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args], capture_output=True, text=True,
+                       cwd=ROOT, timeout=timeout)
   assert out.returncode == 0, out.stderr
-  lines = out.stdout.splitlines()
+  return out.stdout
+
+
+def test_rewrite_engine_bench_prints_a_table():
+  lines = bench("rewrite_engine.py", "--quick").splitlines()
   assert lines[0].startswith("| measure") and "graft" in lines[0]
   for row in ("(a) dispatch", "(b) rewrite", "(c) build"): assert any(row in l for l in lines), row
   assert any("UOps/s" in l for l in lines)
@@ -16,36 +21,26 @@ def test_rewrite_engine_bench_prints_a_table():
 
 def test_gpu_reduce_bench_runs_its_table_on_the_cpu():
   # on the CPU no split is offered: the table's split column says so ("-"); on a GPU it holds the split's times
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_reduce.py"), "--device", "CPU", "--quick"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
-  assert out.returncode == 0, out.stderr
-  lines = out.stdout.splitlines()
+  lines = bench("gpu_reduce.py", "--device", "CPU", "--quick").splitlines()
   assert lines[1].startswith("| input") and "one kernel" in lines[1] and "split" in lines[1]
   assert len([l for l in lines if l.startswith("| ") and "x" in l.split("|")[1]]) == 3
 
 
 def test_models_bench_runs_graft_and_its_jit_on_a_tiny_gpt():
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "models.py"), "--layers", "1", "--tokens", "8",
-                        "--width", "32", "--heads", "2", "--only", "graft-plain,graft-jit"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=600)
-  assert out.returncode == 0, out.stderr
-  rows = {l.split()[1]: l for l in out.stdout.splitlines() if l.strip().startswith("graft")}
-  assert set(rows) == {"plain", "jit"} and "failed" not in out.stdout, out.stdout
+  out = bench("models.py", "--layers", "1", "--tokens", "8", "--width", "32", "--heads", "2", "--only", "graft-plain,graft-jit")
+  rows = {l.split()[1]: l for l in out.splitlines() if l.strip().startswith("graft")}
+  assert set(rows) == {"plain", "jit"} and "failed" not in out, out
   assert "new/same input" in rows["plain"] and "host" in rows["jit"]
 
 
 def test_warm_calls_bench_reports_the_ratio_and_the_growth():
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "warm_calls.py"), "--calls", "1200", "--timed", "5",
-                        "--size", "8"], capture_output=True, text=True, cwd=ROOT, timeout=600)
-  assert out.returncode == 0, out.stderr
-  assert "new input" in out.stdout and "resident growth after the first 1,000" in out.stdout
+  out = bench("warm_calls.py", "--calls", "1200", "--timed", "5", "--size", "8")
+  assert "new input" in out and "resident growth after the first 1,000" in out
 
 
 def test_graph_build_bench_times_each_operation_and_the_gpt_forward():
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "graph_build.py"), "--quick"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=600)
-  assert out.returncode == 0, out.stderr
-  lines = out.stdout.splitlines()
+  out = bench("graph_build.py", "--quick")
+  lines = out.splitlines()
   assert lines[0].startswith("operation") and "graft" in lines[0]
   for op in ("x + y", "x @ w", "x.softmax(-1)"): assert any(l.startswith(op) for l in lines), op
-  assert any(l.startswith("gpt forward, 2 layers") and "find_program" in l for l in lines), out.stdout
+  assert any(l.startswith("gpt forward, 2 layers") and "find_program" in l for l in lines), out
