@@ -12,14 +12,18 @@ from rewrite.env import env_number
 DELAY, EVERY = 0.5, 0.1   # seconds before the live line appears, and between redraws
 
 
+def debug_level() -> int:
+  """DEBUG: 1 prints a line per realize, 2 the host program and a line per step, 3 the kernels' source too."""
+  return env_number("DEBUG", 0, "a debug level (1: realizes, 2: and the host program, 3: and the kernels' source)")
+
+
 class Progress:
   def __init__(self, what: str, since: float | None = None, stream=None):
     """`since`: when the work began (time.perf_counter()), if before now (a second part of the same work); `stream`:
     where to write (stderr)."""
     self.what, self.start, self.drawn, self.last = what, time.perf_counter() if since is None else since, False, 0.0
     self.out = stream or sys.stderr
-    debug = env_number("DEBUG", 0, "a debug level (1: realizes, 2: and the host program, 3: and the kernels' source)")
-    self.plain = debug >= 1
+    self.plain = debug_level() >= 1
     self.live = not self.plain and self.out.isatty()
 
   def show(self, text: str) -> None:

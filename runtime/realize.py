@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib, hashlib, threading, time
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
-from rewrite.env import env_number
+
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
@@ -30,11 +30,7 @@ from .device import get_device, canonical_name, renderer_of
 from .program import Program
 from . import cache, extern, pick
 from .search import lower_planned
-from .progress import Progress
-
-
-def debug_level() -> int:
-  return env_number("DEBUG", 0, "a debug level (1: realizes, 2: and the host program, 3: and the kernels' source)")
+from .progress import Progress, debug_level
 
 
 @dataclass(eq=False)

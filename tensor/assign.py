@@ -131,6 +131,11 @@ def to_realize(t):
   return t
 
 
+def pending(tensors) -> list:
+  """The tensors whose realize makes all of `tensors` memory (`to_realize`), each once, in order; none already memory."""
+  return [r for r in dict.fromkeys(to_realize(t) for t in tensors if not t.is_realized) if r is not None and not r.is_realized]
+
+
 def note(t):
   """Record that t views memory, if its graph is VIEW(BUFFER) without padding (the owner of a buffer, or a view of
   it); returns t. Called for every tensor that Tensor makes."""
@@ -212,7 +217,7 @@ def write_many(writes: list, also=()) -> None:
       raise ValueError(f"an in-place update of {view.shape} elements of which several are one element in memory (a "
                        f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
   if not writes: return
-  also = [r for r in dict.fromkeys(to_realize(a) for a in also if not a.is_realized) if r is not None and not r.is_realized]
+  also = pending(also)
   value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
   read = UOp(Ops.SINK, dtypes.void, tuple(value_uops + [a.uop for a in also])).toposort   # one walk of them all
   nodes = []

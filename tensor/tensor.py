@@ -22,7 +22,7 @@ from .reduce import ReduceMixin
 from .movement import MovementMixin
 from .nn import NNMixin
 from .random import RandomMixin
-from .assign import note, realized, is_view, setitem, assign, to_realize
+from .assign import note, realized, is_view, setitem, assign, pending
 from .autograd import AutogradMixin, grad_enabled
 
 
@@ -175,7 +175,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def realize_all(*tensors: Tensor) -> None:
     """Realize several tensors in one go, so that work they share runs once."""
     # a view of a lazy tensor is memory once that tensor is (assign.py): realizing that one computes both
-    todo = list(dict.fromkeys(r for t in tensors if not t.is_realized and (r := to_realize(t)) is not None and not r.is_realized))
+    todo = pending(tensors)
     if not todo: return
     from runtime.realize import realize
     outs = realize([(t.uop, t.device) for t in todo])
