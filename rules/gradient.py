@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib, math
 from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each, substitute
 from .shapes import shape_of
+from .realize import holds_reduction
 from .strided_view import View, contiguous_strides
 
 LN_2 = math.log(2)
@@ -183,13 +184,8 @@ _holds: dict[UOp, bool] = {}   # _holds_reduction's answers during one gradients
 
 
 def _holds_reduction(u: UOp) -> bool:
-  """u is computed (not read from a buffer) from a reduction through elementwise ops and views."""
-  if (known := _holds.get(u)) is not None: return known
-  if u.op is Ops.REDUCE_AXIS: out = True
-  elif u.op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.CONTIGUOUS, Ops.COPY, Ops.DEFINE_VAR): out = False
-  else: out = any(_holds_reduction(s) for s in u.src)
-  _holds[u] = out
-  return out
+  """u is computed (not read from a buffer or a copy) from a reduction through elementwise ops and views."""
+  return holds_reduction(u, _holds, lambda n: n.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.COPY))
 
 
 def kept(u: UOp) -> UOp:

@@ -28,6 +28,7 @@ refused with its reason.
 from __future__ import annotations
 import itertools, math, sys
 from dataclasses import dataclass, field
+from typing import Callable
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes, graph_rewrite, substitute, splice_sinks
 from .strided_view import View
 from .shapes import shape_of
@@ -74,18 +75,22 @@ class RealizeContext:
     for n in sink.toposort:
       if n.op is Ops.CONTIGUOUS and not is_buffer_view(n.src[0]): self.stored.setdefault(n.src[0], n)
 
-  def holds_reduction(self, u: UOp) -> bool:
-    """u computes a reduction itself, not behind a buffer. Remembered per node, so that asking at every VIEW of a long
-    chain costs the chain once, not once per VIEW."""
-    memo, stack = self.holds, [u]
-    while stack:
-      n = stack[-1]
-      if n in memo: stack.pop(); continue
-      if is_realized(n) or n.op is Ops.REDUCE_AXIS: memo[n] = n.op is Ops.REDUCE_AXIS; stack.pop(); continue
-      if todo := [s for s in n.src if s not in memo]: stack.extend(todo); continue
-      memo[n] = any(memo[s] for s in n.src)
-      stack.pop()
-    return memo[u]
+  def holds_reduction(self, u: UOp) -> bool: return holds_reduction(u, self.holds)
+
+
+def holds_reduction(u: UOp, memo: dict[UOp, bool], stored: Callable[[UOp], bool] = lambda n: is_realized(n)) -> bool:
+  """u computes a reduction itself, not behind what `stored` says is memory (a buffer). Each node's answer is kept in
+  `memo`, so that asking at every VIEW of a long chain costs the chain once, not once per VIEW; iterative, as chains
+  may be deeper than Python's recursion."""
+  stack = [u]
+  while stack:
+    n = stack[-1]
+    if n in memo: stack.pop(); continue
+    if stored(n) or n.op is Ops.REDUCE_AXIS: memo[n] = n.op is Ops.REDUCE_AXIS; stack.pop(); continue
+    if todo := [s for s in n.src if s not in memo]: stack.extend(todo); continue
+    memo[n] = any(memo[s] for s in n.src)
+    stack.pop()
+  return memo[u]
 
 
 def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:

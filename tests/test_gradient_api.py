@@ -100,3 +100,11 @@ def test_the_gradient_stage_is_in_the_pipeline_and_in_the_statistics():
     (w.exp() * w).sum().backward()
   assert s.stages["gradient"].calls == 1 and s.stages["gradient"].rewrites >= 4
   assert any(r.stage == "gradient" and r.name == "grad_exp2" and r.matches == 1 for r in s.rules.values())
+
+
+def test_a_gradient_through_a_chain_deeper_than_pythons_recursion():
+  w = Tensor(np.ones(4, np.float32), requires_grad=True)
+  x = Tensor(np.ones(4, np.float32))
+  for _ in range(3000): x = x * 1.0001 + w.sum()   # every step reads a reduction: the backward keeps what it reads
+  (g,) = x.sum().gradient(w)
+  assert g.shape == (4,)
