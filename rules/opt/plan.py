@@ -179,8 +179,7 @@ def choose_plan(ctx: OptContext, sink: UOp) -> None:
 
 def attach_plan(ctx: OptContext, sink: UOp) -> UOp | None:
   """The kernel carries the plan chosen for it (part of its identity: cache key, statistics, DEBUG=2)."""
-  if isinstance(sink.arg, Plan) or sink.arg == "linear": return None
-  if ctx.device_loops and any(n.op in (Ops.SPECIAL, Ops.BARRIER) for n in sink.toposort): return None
+  if ctx.plan.origin == "mapped": return None   # choose_plan found the kernel planned or mapped already
   return sink.replace(arg=ctx.plan)
 
 

@@ -33,6 +33,7 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
 from rewrite.env import env_flag
 from rules.symbolic import terms_of
 from .plan import Opt, OptKind, Plan, kernel_axes
+from .pack import split_flat
 
 HALVES = (dtypes.float16, dtypes.bfloat16)
 # (BM, BN, WM, WN, BK, STAGES) from the largest: a block's tile, its warps, the slice of k staged at once and the slices
@@ -170,11 +171,7 @@ def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
 
 def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:
   """The values loops (outermost first) take when `flat` runs through them in row-major order."""
-  out, stride = {}, math.prod(r.src[0].arg for r in loops)
-  for r in loops:
-    stride //= r.src[0].arg
-    out[r] = (flat // stride) % r.src[0].arg
-  return out
+  return dict(zip(loops, split_flat(flat, [r.src[0].arg for r in loops])))
 
 
 def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
