@@ -521,7 +521,7 @@ def reduce_over_lanes(ctx: OptContext, red: UOp) -> UOp | None:
 
 
 def gate_store(ctx: OptContext, st: UOp) -> UOp | None:
-  if (g := ctx.grid) is None or st.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None   # (a shared tile's fill is not gated)
+  if (g := ctx.grid) is None: return None
   gate = both(g.gate, g.columns.guard if g.columns is not None else None)
   return None if gate is None else st.replace(src=(*st.src, gate))
 
@@ -539,7 +539,8 @@ def unroll_stores(ctx: OptContext, sink: UOp) -> UOp | None:
 grid_rules = PatternMatcher([
   (UPat(Ops.RANGE, name="r"), loop_to_grid_index),
   (UPat(Ops.REDUCE, name="red"), reduce_over_lanes),
-  (UPat(Ops.STORE, name="st", src=(UPat(), UPat())), gate_store),
+  # a store to global memory is gated (a shared tile's fill, to a DEFINE_LOCAL, is the whole block's: never gated)
+  (UPat(Ops.STORE, name="st", src=(UPat(Ops.INDEX, src=(UPat(Ops.DEFINE_GLOBAL),), allow_any_len=True), UPat())), gate_store),
   (UPat(Ops.SINK, name="sink"), unroll_stores),
 ], name="opt_grid")
 
