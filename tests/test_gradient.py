@@ -185,7 +185,7 @@ def _run(steps, a, b, ours: bool):
     fn = g if ours else t
     if k == 1: stack.append(fn(stack[-1]))
     else: stack.append(fn(stack[-1], stack[-2]))
-    if stack[-1].shape != a.shape: stack[-1] = stack[-1].expand(*a.shape) if ours else stack[-1].expand(*a.shape)
+    if stack[-1].shape != a.shape: stack[-1] = stack[-1].expand(*a.shape)
   return stack[-1]
 
 

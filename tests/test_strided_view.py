@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 from rewrite import UOp, Ops, dtypes
 from rules.strided_view import View, compose, to_index_chain
 from rules.shapes import shape_of
+from tests.helpers import python_path
 
 
 # ---- evaluators ----
@@ -321,6 +322,6 @@ def test_a_view_from_another_process_is_equal_and_finds_its_dict_entry():
   code = "import pickle, sys; from rules.strided_view import View; sys.stdout.buffer.write(pickle.dumps(View((2, 3), (3, 1))))"
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   data = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=root,
-                        env={**os.environ, "PYTHONPATH": root}).stdout
+                        env={**os.environ, "PYTHONPATH": python_path(root)}).stdout
   here = View.contiguous((2, 3))
   assert pickle.loads(data) == here and {here: "found"}[pickle.loads(data)] == "found"

@@ -77,7 +77,7 @@ def test_json_steps_name_real_rules_and_nodes(mlp_json):
   steps = [s for r in rewrites_in(d["root"]) for s in r["steps"]]
   assert len(steps) > 100
   for rule, before, after, new_from, new_to, seconds in steps:
-    assert before < len(nodes) and after < len(nodes) and new_from <= new_to <= len(nodes) and seconds >= 0
+    assert before < len(nodes) and after < len(nodes) and new_from <= new_to <= len(nodes) and 0 <= seconds < 60
     assert before != after
   for r in rules:
     path, line = r["location"].rsplit(":", 1)
