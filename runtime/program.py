@@ -79,7 +79,8 @@ class Program:
         fn = extern.routine(ck.device, ext.name)
         # [choice]: None until the first run picks (or "extern" / "generated" when the plan says so)
         choice = ["extern" if not ext.pick else None]
-        self.steps.append(("extern", ext, fn, ck, idx, choice))
+        # the library call made once (None without the library), not on every run
+        self.steps.append(("extern", ext, LibraryCall(ext, fn, ck) if fn is not None else None, ck, idx, choice))
         lines.append(f"extern {ext}  {self._io(names, idx, 1)}" +
                      (f"  or generated {ck.name}, the faster on first use" if ext.pick else ""))
       elif step.op is Ops.PICK:
@@ -191,14 +192,14 @@ class Program:
       self._say_picks(debug)
       for ck, idx in choice[1]: _run_kernel(ck, [handles[i] for i in idx], debug)
     else:
-      _, ext, fn, ck, idx, choice = step
+      _, ext, lib, ck, idx, choice = step
       args = [handles[i] for i in idx]
       if choice[0] is None:
-        choice[0], why = self._pick(ext, fn, ck, args)
+        choice[0], why = self._pick(ext, lib.fn if lib else None, ck, args)
         self.ran.append(f"{ext.name} or {ck.name}: {choice[0]} ({why})")
-      elif fn is None: choice[0] = "generated"
+      elif lib is None: choice[0] = "generated"
       self._say_picks(debug)
-      if choice[0] == "extern" and fn is not None: _run_kernel(LibraryCall(ext, fn, ck), args, debug)
+      if choice[0] == "extern" and lib is not None: _run_kernel(lib, args, debug)
       else: _run_kernel(ck, [args[i] for i in ck.args], debug)
 
   def _say_picks(self, debug: int) -> None:
