@@ -58,7 +58,6 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
   # waits until the rewrite returns. Threads rewrite concurrently: the pause is counted (_pause_gc).
   _pause_gc()
   try:
-    if not stats.active and viz.recorder is None: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
     if (recorder := viz.recorder) is not None and (rec := recorder.begin(stage, root, matcher, top_down)) is not None:
       return _recorded(recorder, rec, root, matcher, ctx, top_down, stage)
     if not stats.active: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
