@@ -11,19 +11,22 @@ Every SVG node carries the class `u<number>` (its node's number), which the page
 from __future__ import annotations
 import os, re, shutil, subprocess, tempfile
 from pathlib import Path
+from ..ops import Ops, GroupOp
 
 PAGE_NODES = 200
 PAGE_EDGES = 300
 MAX_FANIN = 24   # a node with more sources draws half as many edges and one stub for the rest
 Table = list   # the recorder's nodes: number -> (op, dtype, arg text, source numbers)
 
-# fill colours by the op's level (rewrite/ops.py's groups, by name: this module reads node tables, not UOps)
+# fill colours by the op's level: rewrite/ops.py's groups, by name (this module reads node tables, not UOps); the first
+# group that names an op colours it (COPY is a tensor op and a host step: tensor blue)
+def _names(ops) -> frozenset[str]: return frozenset(o.name for o in ops)
 _COLOURS = [
-  ({"CONST", "DEFINE_VAR", "IOTA"}, "#eeeeee"),
-  ({"BUFFER", "VIEW", "REDUCE_AXIS", "CONTIGUOUS", "COPY", "ASSIGN"}, "#cfe2ff"),
-  ({"KERNEL", "DEFINE_GLOBAL", "LOAD", "STORE", "INDEXED", "DEFINE_LOCAL"}, "#ffe0b2"),
-  ({"RANGE", "END", "REDUCE", "DEFINE_ACC", "INDEX", "SPECIAL", "IF", "ENDIF", "BARRIER", "BLOCK", "BLOCKEND"}, "#d7f5d0"),
-  ({"SINK", "NOOP", "ALLOC", "FREE", "CALL", "EXTERN", "PICK"}, "#e8dcf5"),
+  (_names({Ops.CONST, Ops.DEFINE_VAR, Ops.IOTA}), "#eeeeee"),
+  (_names(GroupOp.Tensor), "#cfe2ff"),
+  (_names(GroupOp.Kernel), "#ffe0b2"),
+  (_names(GroupOp.Loop), "#d7f5d0"),
+  (_names(GroupOp.Host | {Ops.SINK, Ops.NOOP}), "#e8dcf5"),
 ]
 MARKS = {"matched": 'color="#d32f2f", penwidth=3', "result": 'color="#1565c0", penwidth=3', "new": 'fillcolor="#a5f0a0"'}
 
