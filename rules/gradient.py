@@ -53,16 +53,17 @@ def pad(u: UOp, padding) -> UOp: return u if not any(b or a for b, a in padding)
 def shrink(u: UOp, bounds) -> UOp: return move(u, lambda v: v.shrink(tuple(bounds)))
 
 
-def sum_axes(u: UOp, axes) -> UOp:
-  """u summed over `axes`, which are dropped. The summed axes are moved last and merged: a product of two views
-  summed that way (the gradient of a matmul's operand: a contraction of two stored operands) is a matrix product
-  over one axis, the form a library gemm takes, and it is stored by a kernel of its own."""
+def sum_axes(u: UOp, axes, kept: list[int] | None = None) -> UOp:
+  """u summed over `axes`, which are dropped; the other axes stay in their order, or in the order `kept` lists them.
+  The summed axes are moved last and merged: a product of two views summed that way (the gradient of a matmul's
+  operand: a contraction of two stored operands) is a matrix product over one axis, the form a library gemm takes,
+  and it is stored by a kernel of its own, in the order of `kept`."""
   shape = shape_of(u)
   axes = sorted(set(axes))
-  if not axes: return u
-  kept = [d for d in range(len(shape)) if d not in axes]
+  if not axes: return u if kept is None else permute(u, kept)
+  kept = [d for d in range(len(shape)) if d not in axes] if kept is None else list(kept)
   out_shape = tuple(shape[d] for d in kept)
-  if all(shape[d] == 1 for d in axes): return reshape(u, out_shape)
+  if all(shape[d] == 1 for d in axes): return reshape(permute(u, kept + axes), out_shape)
   order, merged = kept + axes, (*out_shape, math.prod(shape[d] for d in axes))
   if u.op is Ops.MUL and all(s.op is Ops.VIEW for s in u.src):   # moved in its operands: they stay single views
     moved = u.replace(src=tuple(reshape(permute(s, order), merged) for s in u.src))
@@ -91,7 +92,11 @@ def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
   if view.mask is not None:
     g, view = shrink(g, view.mask), view.shrink(view.mask)
   zero = [d for d, st in enumerate(view.strides) if st == 0]
-  g = sum_axes(g, zero)
+  # the other axes in the order they lie in the source's memory (largest stride first): a summed gradient (a weight's,
+  # read by a product through a transpose) is stored in the source's layout, and what reads it (an optimizer's update)
+  # reads it in order, not transposed with a stride per element
+  keep = sorted((d for d, st in enumerate(view.strides) if st != 0), key=lambda d: -abs(view.strides[d]))
+  if zero: g, view = sum_axes(g, zero, keep), view.permute(tuple(keep + zero))
   keep = [d for d, st in enumerate(view.strides) if st != 0]
   shape, strides, offset = [view.shape[d] for d in keep], [view.strides[d] for d in keep], view.offset
   neg = [i for i, st in enumerate(strides) if st < 0]
