@@ -389,6 +389,33 @@ def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
   return sorted(kernels, key=ScheduleIndex(kernels).depth.__getitem__)
 
 
+def read_before_written(kernels: list[UOp], into: dict[UOp, UOp], new_buffer: Callable[[UOp], UOp]) -> list[UOp]:
+  """The kernels (in the order they run) of a realize that writes existing buffers in place, each read as it was
+  before the realize: `into` maps each buffer a kernel computes to the existing BUFFER its output goes into (an
+  assignment's target; a kernel may also write an existing buffer itself). Where every kernel that reads a target,
+  other than the one writing it, runs before that one, nothing changes (an optimizer's step: the update of a weight
+  needs its gradient, which needs every kernel that reads the weight). Otherwise the target's old contents are
+  first copied into a new buffer (`new_buffer(target)`) by a kernel, and every kernel reads that copy instead."""
+  written_at: dict[UOp, int] = {}
+  last_read: dict[UOp, int] = {}
+  for i, k in enumerate(kernels):
+    for b in buffers_written(k): written_at[into.get(b, b)] = i
+    for b in buffers_read(k): last_read[b] = i
+  late = [t for t, w in written_at.items() if not isinstance(t.arg, NewBuffer) and last_read.get(t, -1) > w]
+  if not late: return kernels
+  old, copies = {}, []
+  for t in late:
+    old[t] = new_buffer(t)
+    whole = View.contiguous((t.arg.size,))
+    copies.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, t.dtype, (old[t],), whole),
+                                                            UOp(Ops.VIEW, t.dtype, (t,), whole))),), arg=t.arg.device))
+
+  def reading_old(k: UOp) -> UOp:   # (only what a kernel reads: where it stores stays)
+    if k.op is Ops.COPY: return k.replace(src=(k.src[0], substitute(k.src[1], old)))
+    return k.replace(src=tuple(st.replace(src=(st.src[0], substitute(st.src[1], old))) for st in k.src))
+  return copies + [reading_old(k) for k in kernels]
+
+
 def _group_key(k: UOp) -> tuple | None:
   """What kernels must share to become one: device, output shape and the products they compute (a copy is never
   merged). Two kernels of two different products (attention's dq and dk, say) stay apart: merged, neither loop nest
