@@ -112,7 +112,7 @@ def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS, s
   for step in steps:
     if step.op in (Ops.ALLOC, Ops.FREE): continue
     assert step.op is Ops.CALL
-    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors)))
+    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, multiprocessors=multiprocessors))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
     run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
@@ -171,7 +171,7 @@ def test_row_reductions_of_other_dtypes(shape):
 
 def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> Plan:
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors))
+  run = Run("CPU", parallel=False, device_loops=True, multiprocessors=multiprocessors)
   lower_kernel(normalize(kernels[0])[0], run)
   return run.opt.plan
 
@@ -237,7 +237,7 @@ def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, per_th
   x, y = T(*shape), T(shape[1])
   t = ((x * y + 1).exp() - x).relu()
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=1))
+  run = Run("CPU", parallel=False, device_loops=True, multiprocessors=1)
   lower_kernel(normalize(kernels[0])[0], run)
   assert rows_per_thread(run.opt.plan) == per_thread
   got = run_on_model_gpu(t, x.sum(1), multiprocessors=1)

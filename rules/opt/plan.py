@@ -121,7 +121,7 @@ class OptContext:
   device_loops: bool = False                     # the device maps loops to its threads (CUDA): a GPU's plan
   choose: Callable[[UOp, list[UOp]], Plan] | None = None  # the policy (default: the device's heuristic)
   heuristic: bool = True                         # without a policy, the heuristic plans (else: an empty plan)
-  multiprocessors: int = 132                     # a GPU's SM count (runtime/cuda.py asks the driver; 132: an H100)
+  multiprocessors: int = 132                     # a GPU's SM count (the pipeline's Run.multiprocessors)
   grid: Any = None                               # a GPU plan laid out for the opt_grid stage (rules/gpu.py)
   plan: Plan = field(default_factory=Plan)
   axis_of: dict[UOp, int] = field(default_factory=dict)     # the kernel's loops as the plan numbers them
@@ -150,7 +150,8 @@ class OptContext:
 
 def opt_context(run) -> OptContext:
   """The context the opt stages share for one kernel: the pipeline's Run holds it (a caller may preset it)."""
-  if run.opt is None: run.opt = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel)
+  if run.opt is None: run.opt = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel,
+                                           multiprocessors=run.multiprocessors)
   return run.opt
 
 
