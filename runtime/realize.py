@@ -28,7 +28,7 @@ from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
-from . import cache, extern, pick
+from . import cache, capture, extern, pick
 from .search import lower_planned
 from .progress import Progress, debug_level
 
@@ -175,6 +175,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
     with viz.scope("realize") as recorded:
       program = _build(_lower(uops, list(devices), targets), params)
+    program.key = key   # (jit compares the programs of two calls by it)
     _describe(recorded, program)
     with _lock:
       if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
@@ -329,6 +330,7 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
     print(program)
     for line in program.explanations: print(f"  {line}")
   results = program.run(inputs, dbg)
+  capture.note_realize(program, inputs, results)
   for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
   if dbg >= 1 and program.steps:
