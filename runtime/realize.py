@@ -107,11 +107,6 @@ def last_program() -> Program | None:
   return getattr(_local, "program", None)
 
 
-def realize_count() -> int:
-  """How many realizes this thread has run (jit tells by it whether a function ran work of its own while captured)."""
-  return getattr(_local, "count", 0)
-
-
 # A warm call rebuilds its graph, over new input data as often as not: its program is found by the graph's structure
 # with each existing buffer (an input, an assignment's target) standing for its position among the program's
 # parameters, its dtype, size and device (the views it is read through are nodes of the structure), not its identity.
@@ -324,7 +319,6 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
-  _local.count = realize_count() + 1
   program, inputs = find_program(outputs, targets)
   if dbg >= 2:
     print(program)

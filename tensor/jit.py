@@ -42,7 +42,7 @@ What may not change between calls (the captured work is that of the capturing ca
     update it in place (`assign`), or pass it as an argument, or call `.reset()`. A tensor the function replaces
     rather than updates (`state = state + 1`, a `.grad` accumulated across calls without `zero_grad()`, a tensor made
     from numpy inside the function) is a different buffer on each call: also a JitError.
-  - Python work is not replayed: side effects of the function (appending to a list, `opt.steps += 1`) happen on
+  - Python work is not replayed: side effects of the function (appending to a list, counting calls) happen on
     the recorded calls only, and reading values into Python inside it (`.numpy()`, `.item()`) is a JitError, since
     a replay could not act on them. Lazy tensors the function stores (in attributes) are those of the capturing call.
   - The result is a Tensor, or a tuple or list of Tensors.
@@ -67,7 +67,8 @@ class JitError(TypeError):
 
 
 # Where a replay finds a Buffer of the recorded call: ("arg", i) the i-th tensor argument's; ("value", i) the i-th
-# made during the call (each realize's results, then each kept old version, in order); ("held", Buffer) state.
+# made during the call (each realize's results and each kept old version, in order); ("grad", weakref to a tensor)
+# that tensor's .grad as the call finds it (a gradient accumulated across calls); ("held", Buffer) state.
 Binding = tuple
 
 
@@ -149,16 +150,16 @@ class Jit:
     def refuse(what: str):
       raise JitError(f"jit {self.__name__}: the function reads tensor values into Python ({what}): a replay runs "
                      f"only the recorded programs and could not act on them. Return the tensor and read it outside")
-    grads_before = {id(p): p.grad for p in requiring()}
+    grads_before = {id(p): (p, p.grad) for p in requiring()}
     with capture.recording(on_read=refuse) as rec:
       result = self.fn(*args, **kwargs)
       shape = "one" if isinstance(result, Tensor) else "tuple" if isinstance(result, tuple) else "list" if isinstance(result, list) else None
       outs = [result] if shape == "one" else list(result) if shape else []
       if shape is None or not all(isinstance(t, Tensor) for t in outs):
         raise JitError(f"jit {self.__name__}: the function must return a Tensor or a tuple or list of Tensors, not {type(result).__name__}")
-      changed = [(p, p.grad) for p in requiring() if p.grad is not grads_before.get(id(p))]
+      changed = [(p, p.grad) for p in requiring() if p.grad is not grads_before.get(id(p), (p, None))[1]]
       Tensor.realize_all(*outs, *(g for _, g in changed if g is not None))
-    return result, _describe(rec, buffers, outs, shape, changed)
+    return result, _describe(rec, buffers, outs, shape, changed, grads_before)
 
 
 _ADVICE = ("A Python value the function reads that changes between calls (a number, a step count) is a constant of "
@@ -167,9 +168,11 @@ _ADVICE = ("A Python value the function reads that changes between calls (a numb
            "backward() inside the function")
 
 
-def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, changed: list) -> _Trace:
+def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, changed: list, grads_before: dict) -> _Trace:
   where: dict[int, Binding] = {}   # id(Buffer) -> its binding (the recording keeps every Buffer of it alive)
   for j, b in enumerate(buffers): where.setdefault(id(b), ("arg", j))
+  for p, g in grads_before.values():
+    if g is not None and g.is_realized: where.setdefault(id(g.uop.src[0].arg), ("grad", weakref.ref(p)))
   def bind(b) -> Binding: return where.get(id(b)) or ("held", b.current())
   steps, made, n = [], weakref.WeakSet(), 0
   for event in rec.events:
@@ -216,10 +219,16 @@ def _difference(a: _Trace, b: _Trace) -> str | None:
 def _binding_difference(x: Binding, y: Binding, earlier: _Trace) -> str | None:
   if x[0] == y[0] == "held" and x[1].current() is y[1].current(): return None
   if x[0] != "held" and x == y: return None
+  if x[0] == y[0] == "held" and y[1] not in earlier.made:
+    return (f"where the earlier call read a {x[1].dtype.name}[{x[1].size}] tensor from outside the call, the later read "
+            f"another (a tensor made anew on each call: from numpy data inside the function, say)")
   def what(b: Binding) -> str:
-    if b[0] != "held": return {"arg": "argument", "value": "tensor made in the call"}[b[0]] + f" {b[1]}"
+    if b[0] == "arg": return f"its tensor argument {b[1]}"
+    if b[0] == "value": return f"tensor {b[1]} made in the call"
+    if b[0] == "grad": return "a .grad as it was before the call"
     buf = b[1]
-    return f"a {buf.dtype.name}[{buf.size}] buffer" + (" that the earlier call computed" if buf in earlier.made else "")
+    return (f"the {buf.dtype.name}[{buf.size}] tensor that the earlier call computed" if buf in earlier.made else
+            f"a {buf.dtype.name}[{buf.size}] tensor from outside the call")
   return f"where the earlier call read {what(x)}, the later read {what(y)}"
 
 
@@ -228,9 +237,23 @@ def _program_difference(ka: tuple, kb: tuple) -> str:
   (pa, _), (pb, _) = ka[0], kb[0]
   for x, y in zip(pa, pb):
     if x != y:
-      show = lambda p: f"{p[0]} {p[2]!r}" if p[0] != "param" else f"a {p[1].name}[{p[2]}] buffer"
+      show = lambda p: f"{p[0]} {_shown(p[2])}" if p[0] != "param" else f"a {p[1].name}[{p[2]}] buffer"
       return f"a program with {show(x)} against one with {show(y)}".replace("Ops.", "")
   return f"programs of {len(pa)} and {len(pb)} nodes" if len(pa) != len(pb) else "programs that differ in their settings"
+
+
+def _grad_of(ref: weakref.ref):
+  """The memory of the .grad a captured call added to (it accumulates across calls); zeros where it is None now
+  (zero_grad() between calls: adding to zeros is what the function's first call after it computes)."""
+  if (p := ref()) is None:
+    raise JitError("jit: the captured call added to the .grad of a tensor that is gone: call .reset() on the function")
+  return (p.zeros_like().contiguous() if p.grad is None else p.grad).realize().uop.src[0].arg
+
+
+def _shown(arg) -> str:
+  """A node's argument as its key holds it, readable (a float constant is keyed by its exact hex form)."""
+  if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float and isinstance(arg[1], str): return repr(float.fromhex(arg[1]))
+  return repr(arg)
 
 
 def _runner(program):
@@ -242,7 +265,9 @@ def _replay(trace: _Trace, buffers: list):
   from .tensor import Tensor
   from rewrite import UOp, Ops
   values: list = []
-  def get(b: Binding): return buffers[b[1]] if b[0] == "arg" else values[b[1]] if b[0] == "value" else b[1].current()
+  def get(b: Binding):
+    kind, x = b
+    return buffers[x] if kind == "arg" else values[x] if kind == "value" else x.current() if kind == "held" else _grad_of(x)
   for step in trace.steps:
     if step[0] == "realize":
       values.extend(u.src[0].arg for u in step[1].runner.run([get(b) for b in step[1].inputs]))
