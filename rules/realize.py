@@ -204,11 +204,15 @@ def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
   return c.replace(src=(decide(ctx, x, "the source of a copy between devices", c.arg[0]),))
 
 
+# a detached value is its source's value: the mark only stops gradients (rules/gradient.py), which are built by now
+detached_is_its_source = (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x, "detached_is_its_source")
+# (the first graph stage drops the mark too: a softmax's detached max is still the softmax the attention stage fuses)
+detach_rules = PatternMatcher([detached_is_its_source], name="detach")
+
 realize_rules = PatternMatcher([
   # the outputs are buffers (SINK.arg holds each output's device)
   (UPat(Ops.SINK, name="sink"), _realize_output),
-  # a detached value is its source's value: the mark only stops gradients (rules/gradient.py)
-  (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x, "detached_is_its_source"),
+  detached_is_its_source,
   # contiguous() of what already is a whole buffer in order is that buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
