@@ -103,22 +103,31 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
   }
 #pragma unroll
   for (int e = 0; e < MT * NT * 4; e++) acc[e] = 0.0f;
-  auto load = [&](int stage, int k0) {
+  /* 16-bit gathered elements go through registers: a slice's loads are issued before the math on the slice before
+     it and stored to shared memory after that math, so their latency hides behind it (no cp.async that small) */
+  constexpr bool HELD = !MATRIX && sizeof(T) != 4;
+  T held[HELD ? BK / KSTEP * RPT : 1];
+  auto gather_a = [&](int stage, int k0, int mode) {   /* mode 0: copy (cp.async for floats), 1: load, 2: store */
+#pragma unroll
+    for (int t = 0; t < BK / KSTEP; t++) {
+      const int q = tid / BM + t * KSTEP;
+#pragma unroll
+      for (int j = 0; j < RPT; j++) {
+        T* dst = &sa[stage][g_swizzle<T, BK>(tid % BM + j * THREADS, q / E) + q % E];
+        if (mode == 0) g_copy1(dst, A + roff[j] + koff[k0 + q]);
+        else if (mode == 1) held[t * RPT + j] = A[roff[j] + koff[k0 + q]];
+        else *dst = held[t * RPT + j];
+      }
+    }
+  };
+  auto load = [&](int stage, int k0, bool defer) {   /* defer: a gathered 16-bit A is only loaded (see HELD) */
     if constexpr (MATRIX) {
 #pragma unroll
       for (int t = 0; t < BM * BK / E / THREADS; t++) {
         const int c = tid + t * THREADS, row = c / (BK / E), chunk = c % (BK / E);
         g_cp_async16(&sa[stage][g_swizzle<T, BK>(row, chunk)], A + row * LDA + k0 + chunk * E);
       }
-    } else {
-#pragma unroll
-      for (int t = 0; t < BK / KSTEP; t++) {
-        const int q = tid / BM + t * KSTEP;
-        const long long ko = koff[k0 + q];
-#pragma unroll
-        for (int j = 0; j < RPT; j++) g_copy1(&sa[stage][g_swizzle<T, BK>(tid % BM + j * THREADS, q / E) + q % E], A + roff[j] + ko);
-      }
-    }
+    } else gather_a(stage, k0, HELD && defer ? 1 : 0);
 #pragma unroll
     for (int t = 0; t < BN * BK / E / THREADS; t++) {
       const int c = tid + t * THREADS;
@@ -133,13 +142,14 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (s < KT) load(s, s * BK);
+    if (s < KT) load(s, s * BK, false);
     g_cp_async_commit();
   }
   for (int kt = 0; kt < KT; kt++) {
     g_cp_async_wait<STAGES - 2>();   /* slice kt has landed (for this thread) */
     __syncthreads();                 /* ... for every thread; and every warp is done with slice kt - 1's stage */
-    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+    const bool next = kt + STAGES - 1 < KT;
+    if (next) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK, true);
     g_cp_async_commit();
     const T* ta = sa[kt % STAGES];
     const T* tb = sb[kt % STAGES];
@@ -175,6 +185,7 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) g_mma_op<T>::run(&acc[(mt * NT + nt) * 4], af[mt], bf[nt][0], bf[nt][1]);
     }
+    if constexpr (HELD) if (next) gather_a((kt + STAGES - 1) % STAGES, 0, 2);
   }
   g_cp_async_wait<0>();
 }
