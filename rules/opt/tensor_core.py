@@ -1,30 +1,35 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
-operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` -- runs on
-`mma.sync.m16n8k16` with whatever is elementwise around it (bias, activation, residual, cast) applied to its
-accumulators before the store.
+operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` and for a
+convolution -- or, with GRAFT_TF32=1, of two float32 operands (TF32), runs on `mma.sync` (m16n8k16; m16n8k8 for
+TF32) with whatever is elementwise around it (bias, activation, residual, cast) applied to its accumulators before
+the store.
 
-Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), k))))` whose
-only loops are its output loops and k; A's index is affine, k's coefficient 1 (each row of A contiguous along k), i's
-(the row loop: in A's index, not B's) a multiple of 8; B's index has j (the column loop: in B's, not A's) or k with
-coefficient 1 and the other a multiple of 8; every other output loop is a batch (any multiple-of-8 coefficient); the
-sizes divide a tile. Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole
-product tile:
+Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), *ks))))`
+(float32 loads without the CASTs for TF32) whose only loops are its output loops and the ks; both indices affine.
+B: one output loop j in its index and not A's, its k loops one flat loop (`collapse`) along which B is contiguous, or
+B contiguous along j. A: its rows, the output loops in its index and not B's; either a matrix (k one flat loop of
+stride 1; its innermost row loop i, the others a batch; row stride a multiple of 16 bytes) or gathered (a
+convolution's windows: `Gather`, every row loop and k loop with its stride). Every other output loop is a batch
+(strides multiples of 16 bytes); the sizes divide a tile. A matrix A is preferred where either operand could be A.
+Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole product tile:
 
-- `MMA(INDEX(A, the tile's first row), INDEX(B, its first column), arg=TileSpec)`, dtype `float32.vec(regs)`: a
-  block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies its tiles of A and B
-  into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix` reads hit 32 banks), and
-  each warp reads its fragments with `ldmatrix` (`.trans` for a B stored along j) and accumulates its
-  (BM/WM) x (BN/WN) outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
+- `MMA(INDEX(A, the tile's first row), INDEX(B, its first column)[, the first flat row], arg=TileSpec)`, dtype
+  `float32.vec(regs)`: a block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies
+  its tiles of A and B into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix`
+  reads hit 32 banks; a gathered A element by element, from its base at row 0 and the flat row given), and each warp
+  reads its fragments with `ldmatrix` (`.trans` for a 16-bit B stored along j) and accumulates its (BM/WM) x (BN/WN)
+  outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
 - `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
   8 rows further for the row, 2*(lane%4) and the next for the column); the epilogue f and the store index are the
-  kernel's own, with i, j and the batch loops replaced by those indices;
+  kernel's own, with the row loops (the flat row split back), j and the batch loops replaced by those indices;
 - blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
-  A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: i's and j's tile
-  sizes and k's slice.
+  A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: the row loops'
+  and j's tile sizes and the k loops' slice.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
-GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Both are read
-as a kernel is lowered: a kernel compiled already in this process keeps its form.
+GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Those are read
+as a kernel is lowered: a kernel compiled already in this process keeps its form. GRAFT_TF32 is part of the compiled
+kernel's and the warm-call program's keys (runtime/realize.py): changing it takes effect on the next call.
 """
 from __future__ import annotations
 import math, os
