@@ -80,8 +80,8 @@ def _fuse_ctx(run: Run) -> FuseContext:
 
 
 def _tensor_core_ctx(run: Run) -> TensorCoreContext:
-  sms = run.opt.multiprocessors if run.opt is not None else TensorCoreContext.multiprocessors
-  return TensorCoreContext(multiprocessors=sms)
+  if run.opt is None: return TensorCoreContext()
+  return TensorCoreContext(multiprocessors=run.opt.multiprocessors, arch=run.opt.arch)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host

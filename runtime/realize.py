@@ -79,7 +79,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if (sms := _multiprocessors(device, device_loops)): run.opt = OptContext(device_loops=True, multiprocessors=sms)
+  if (sms := _multiprocessors(device, device_loops)):
+    run.opt = OptContext(device_loops=True, multiprocessors=sms, arch=get_device(device).arch)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)

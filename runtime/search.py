@@ -79,11 +79,11 @@ def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None, mu
 
 def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
   """The kernel's linear form, lowered with the plan from the cache, the search or the heuristic (see above), on a
-  CPU or a GPU (the GPU's SM count, preset in run.opt by the caller, is kept)."""
+  CPU or a GPU (the GPU's SM count and target, preset in run.opt by the caller, are kept)."""
   sms = run.opt.multiprocessors if run.opt is not None else None
   def context(plan: Plan | None = None) -> OptContext:
     ctx = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel, choose=given(plan) if plan else None)
-    if sms: ctx.multiprocessors = sms
+    if sms: ctx.multiprocessors, ctx.arch = sms, run.opt.arch
     return ctx
   key = plan_key(norm, device, run.device_loops)
   if (opts := load_plan(key)) is not None:

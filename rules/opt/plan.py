@@ -35,7 +35,7 @@ class OptKind(str, Enum):
                                # the kernel's global loops, merged, `amount` of them per block
   GROUP = "group"              # a reduction loop spread over `amount` lanes, each a partial, combined across the lanes
   SPLIT_REDUCE = "split_reduce"  # a host record: the reduction runs as `amount` partials and a combine (rules/split.py)
-  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
+  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync or wgmma: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 
 
@@ -122,6 +122,7 @@ class OptContext:
   choose: Callable[[UOp, list[UOp]], Plan] | None = None  # the policy (default: the device's heuristic)
   heuristic: bool = True                         # without a policy, the heuristic plans (else: an empty plan)
   multiprocessors: int = 132                     # a GPU's SM count (runtime/cuda.py asks the driver; 132: an H100)
+  arch: str = "sm_90"                            # a GPU's target (runtime/cuda.py: sm_XY of its compute capability)
   grid: Any = None                               # a GPU plan laid out for the opt_grid stage (rules/gpu.py)
   plan: Plan = field(default_factory=Plan)
   axis_of: dict[UOp, int] = field(default_factory=dict)     # the kernel's loops as the plan numbers them
