@@ -23,10 +23,9 @@ from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
-from rules.opt import OptContext
 from rules import attention
 from .buffer import check_allocatable
-from .device import get_device, canonical_name, renderer_of
+from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
 from . import cache, extern, pick
 from .search import lower_planned
@@ -78,9 +77,9 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
-  run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if (sms := _multiprocessors(device, device_loops)):
-    run.opt = OptContext(device_loops=True, multiprocessors=sms, arch=get_device(device).arch)
+  run = Run(device, parallel=not device_loops, device_loops=device_loops,
+            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS,
+            arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)

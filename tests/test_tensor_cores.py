@@ -150,17 +150,12 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
 
 
 def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
-  from rules.opt.tensor_core import match_product
-  from rules.pipeline import Run, schedule
+  from rules.pipeline import Run, schedule, lower_kernel
   from rules.realize import normalize
-  from rules.opt.plan import OptContext
-  from rules.pipeline import lower_kernel
   x, w = Tensor(normal(2048, 512)), Tensor(normal(512, 4096))
   (k,) = [k for k in schedule([(x @ w).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
   def spec(arch):
-    run = Run("CUDA", parallel=False, device_loops=True)
-    run.opt = OptContext(device_loops=True, arch=arch)
-    (mma,) = [u for u in lower_kernel(normalize(k)[0], run).src if u.op is Ops.MMA]
+    (mma,) = [u for u in lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True, arch=arch)).src if u.op is Ops.MMA]
     return mma.arg
   assert spec("sm_90").wgmma and not spec("sm_89").wgmma and not spec("sm_100").wgmma   # sm_90a's wgmma is Hopper's alone
   monkeypatch.setenv("GRAFT_WGMMA", "0")
