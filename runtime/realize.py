@@ -27,7 +27,7 @@ from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
-from . import cache, extern, pick
+from . import cache, capture, extern, pick
 from .search import lower_planned
 from .progress import Progress, debug_level
 
@@ -107,11 +107,6 @@ def last_program() -> Program | None:
   return getattr(_local, "program", None)
 
 
-def realize_count() -> int:
-  """How many realizes this thread has run (jit tells by it whether a function ran work of its own while captured)."""
-  return getattr(_local, "count", 0)
-
-
 # A warm call rebuilds its graph, over new input data as often as not: its program is found by the graph's structure
 # with each existing buffer (an input, an assignment's target) standing for its position among the program's
 # parameters, its dtype, size and device (the views it is read through are nodes of the structure), not its identity.
@@ -175,6 +170,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
     with viz.scope("realize") as recorded:
       program = _build(_lower(uops, list(devices), targets), params)
+    program.key = key   # (jit compares the programs of two calls by it)
     _describe(recorded, program)
     with _lock:
       if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
@@ -323,12 +319,12 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
-  _local.count = realize_count() + 1
   program, inputs = find_program(outputs, targets)
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")
   results = program.run(inputs, dbg)
+  capture.note_realize(program, inputs, results)
   for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
   if dbg >= 1 and program.steps:
