@@ -1,8 +1,8 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
 operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` and for a
 convolution -- or, with GRAFT_TF32=1, of two float32 operands (TF32), runs on `mma.sync` (m16n8k16; m16n8k8 for
-TF32) with whatever is elementwise around it (bias, activation, residual, cast) applied to its accumulators before
-the store.
+TF32; or, a 16-bit matrix product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias,
+activation, residual, cast) applied to its accumulators before the store.
 
 Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), *ks))))`
 (float32 loads without the CASTs for TF32) whose only loops are its output loops and the ks; both indices affine.
@@ -25,6 +25,11 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
 - blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
   A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: the row loops'
   and j's tile sizes and the k loops' slice.
+
+On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
+that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
+warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
+warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
 GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Those are read
@@ -49,6 +54,13 @@ HALVES = (dtypes.float16, dtypes.bfloat16)
 TILES = ((128, 128, 2, 2, 32, 3), (64, 128, 2, 2, 32, 3), (64, 64, 2, 2, 32, 3))
 # float32 (TF32) tiles: the same warps, slices of 32 floats (3 x (128 + 128) x 32 floats: 96 KiB of shared memory)
 TF32_TILES = TILES
+# Hopper (sm_90): warpgroup MMA tiles, BK 64 (one 128-byte swizzled row), a warp per 16 rows (WM = BM/16, WN = 1:
+# warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 3 slices (128x256: 145 KiB of shared memory; 128x128: 97 KiB,
+# two blocks a multiprocessor); taken where one gives every multiprocessor a block, else the mma.sync tiles above.
+# H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events: 128x256 with 3 slices 558 / 453, with 4 559 / 427; 128x128 with 3
+# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices (not
+# gathered): TF32 and convolutions take mma.sync.
+WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
@@ -109,6 +121,7 @@ class TileSpec:
   k: int
   lda: int
   ldb: int
+  wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
   gather: Gather | None = None
   @property
   def threads(self) -> int: return self.wm * self.wn * 32
@@ -121,8 +134,8 @@ class TileSpec:
   @property
   def itemsize(self) -> int: return getattr(dtypes, self.dtype).itemsize
   @property
-  def shared_bytes(self) -> int:
-    return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (4 * self.k if self.gather else 0)
+  def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
+    return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0)
 
 
 @dataclass
@@ -142,6 +155,7 @@ class Product:
 @dataclass
 class TensorCoreContext:
   multiprocessors: int = 132
+  arch: str = "sm_90"     # the GPU's target (runtime/cuda.py asks the driver; sm_90: an H100, whose wgmma the tiles use)
   product: Product | None = None
 
 
@@ -173,13 +187,7 @@ def collapse(dims: Dims) -> Dims:
   return tuple(out)
 
 
-def _tile(sizes: tuple[int, int, int], blocks_per_tile, itemsize: int, multiprocessors: int) -> tuple[int, ...] | None:
-  m, n, k = sizes
-  fits = [t for t in tiles(itemsize) if m % t[0] == 0 and n % t[1] == 0 and k % t[4] == 0]
-  return next((t for t in fits if blocks_per_tile(t) >= multiprocessors), fits[-1]) if fits else None
-
-
-def match_product(sink: UOp, multiprocessors: int) -> Product | None:
+def match_product(sink: UOp, multiprocessors: int, arch: str = "sm_90") -> Product | None:
   if len(sink.src) != 1 or (st := sink.src[0]).op is not Ops.STORE or len(st.src) != 2: return None
   reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
   if len(reds) != 1 or (red := reds[0]).arg is not Ops.ADD or red.dtype is not dtypes.float32 or len(red.src) < 2: return None
@@ -190,12 +198,12 @@ def match_product(sink: UOp, multiprocessors: int) -> Product | None:
   fa, fb = (_affine(ld.src[0].src[1]) for ld in ops)
   if fa is None or fb is None: return None
   # either operand may be A (its rows: the loops in its index only); a matrix A is taken before a gathered one
-  found = [p for p in (_roles(st, red, ops[0], ops[1], fa, fb, axes, multiprocessors),
-                       _roles(st, red, ops[1], ops[0], fb, fa, axes, multiprocessors)) if p is not None]
+  found = [p for p in (_roles(st, red, ops[0], ops[1], fa, fb, axes, multiprocessors, arch),
+                       _roles(st, red, ops[1], ops[0], fb, fa, axes, multiprocessors, arch)) if p is not None]
   return min(found, key=lambda p: p.spec.gather is not None, default=None)
 
 
-def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp], multiprocessors: int) -> Product | None:
+def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp], multiprocessors: int, arch: str) -> Product | None:
   """The product with a as A and b as B, where their layouts and sizes fit a tile; else None."""
   size = lambda r: r.src[0].arg
   ks, outs = list(red.src[1:]), [r for r in axes if r.arg[0] == "out"]
@@ -222,9 +230,13 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   if any(s % align for s in strides): return None
   m = math.prod(size(r) for r in rows)
   blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
-  if (t := _tile((m, size(j), bk_dims[0][0]), blocks, itemsize, multiprocessors)) is None: return None
-  bm, bn, wm, wn, bk, stages = t
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, gather)
+  divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
+  wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
+    gather is None and not os.environ.get("GRAFT_TC_TILE", "").strip() and env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products") else []
+  fits = [t for t in tiles(itemsize) if divides(t)]
+  if not wgmma and not fits: return None
+  bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather)
   return Product(st, red, a, b, rows, j, ks, batch, spec)
 
 
@@ -233,7 +245,7 @@ def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
   ctx.product = None
   if sink.arg == "linear" or isinstance(sink.arg, Plan) or not env_flag("GRAFT_TC", True, "tensor cores for 16-bit products"): return
   if any(n.op in (Ops.SPECIAL, Ops.BARRIER, Ops.MMA) for n in sink.toposort): return
-  ctx.product = match_product(sink, ctx.multiprocessors)
+  ctx.product = match_product(sink, ctx.multiprocessors, ctx.arch)
 
 
 def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:
