@@ -25,7 +25,7 @@ from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
 from rules import attention
 from .buffer import check_allocatable
-from .device import get_device, canonical_name, renderer_of
+from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
 from . import cache, capture, extern, pick
 from .search import lower_planned
@@ -78,7 +78,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops,
-            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS)
+            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS,
+            arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
