@@ -14,6 +14,7 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
+from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -144,7 +145,10 @@ class CUDARenderer:
                    waiting_barriers=waiting)
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
-  def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
+  def source(self, kernels: list[str]) -> str:
+    # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
+    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_tile<" in k for k in kernels) else []
+    return "\n".join([*CUDA.headers, *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 
 
 renderer = CUDARenderer()

@@ -24,9 +24,10 @@ from rules.realize import NewBuffer, buffers_written, read_before_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
+from rules.opt.tensor_core import tf32_requested
 from rules import attention
 from .buffer import check_allocatable
-from .device import get_device, canonical_name, renderer_of
+from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
 from . import cache, capture, extern, pick
 from .search import lower_planned
@@ -60,8 +61,9 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
-# compiled kernels by (normalized kernel, device, pipeline version) and by (name, device); a change to the pipeline
-# (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused
+# compiled kernels by (normalized kernel, device, pipeline version, TF32 asked for) and by (name, device); a change to
+# the pipeline (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused, and GRAFT_TF32
+# (read as a float32 product is lowered) changes what a kernel compiles to
 _kernels: dict[tuple[UOp, str, int], CompiledKernel] = {}
 _by_name: dict[tuple[str, str, int], CompiledKernel] = {}
 MAX_KERNELS = 4096
@@ -79,7 +81,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops,
-            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS)
+            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS,
+            arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
@@ -163,7 +166,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
-  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch())
+  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch(), tf32_requested())
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
@@ -221,10 +224,11 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
   calls = [call for step in host.src for call in kernel_calls(step)]
-  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, pipeline.version) not in _kernels})
+  version = (pipeline.version, tf32_requested())
+  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, version) not in _kernels})
   progress, started = Progress("compiling"), time.perf_counter()
   for norm, buffers in calls:
-    key = (norm, norm.arg, pipeline.version)
+    key = (norm, norm.arg, version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
       progress.show(f"kernel {len(new) + 1} of {todo}")
