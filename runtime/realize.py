@@ -24,7 +24,7 @@ from rules.realize import NewBuffer, buffers_written, read_before_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
-from rules.opt.tensor_core import tf32_requested
+from rules.opt import tensor_core
 from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of, device_arch
@@ -61,9 +61,9 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
-# compiled kernels by (normalized kernel, device, pipeline version, TF32 asked for) and by (name, device); a change to
-# the pipeline (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused, and GRAFT_TF32
-# (read as a float32 product is lowered) changes what a kernel compiles to
+# compiled kernels by (normalized kernel, device, pipeline version, the tensor-core switches) and by (name, device); a
+# change to the pipeline (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused, and
+# GRAFT_TF32, GRAFT_TC, GRAFT_WGMMA and GRAFT_TC_TILE (read as a product is lowered) change what a kernel compiles to
 _kernels: dict[tuple[UOp, str, int], CompiledKernel] = {}
 _by_name: dict[tuple[str, str, int], CompiledKernel] = {}
 MAX_KERNELS = 4096
@@ -166,7 +166,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
-  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch(), tf32_requested())
+  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch(), tensor_core.switches())
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
@@ -224,7 +224,7 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
   calls = [call for step in host.src for call in kernel_calls(step)]
-  version = (pipeline.version, tf32_requested())
+  version = (pipeline.version, tensor_core.switches())
   with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, version) not in _kernels})
   progress, started = Progress("compiling"), time.perf_counter()
   for norm, buffers in calls:

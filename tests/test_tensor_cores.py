@@ -163,6 +163,23 @@ def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
   assert "g_wgmma_tile" not in cuda_text(x @ w)
 
 
+def test_changing_a_tensor_core_switch_between_calls_never_reuses_the_kernel_of_the_other_setting(monkeypatch):
+  from runtime import realize as rr
+  lowered, lower = [], rr._lower
+  monkeypatch.setattr(rr, "_lower", lambda *a, **kw: lowered.append(lower(*a, **kw)) or lowered[-1])
+  product = lambda: Tensor(normal(2048, 512)) @ Tensor(normal(512, 4096))
+  assert "g_wgmma_tile<" in cuda_text(product())
+  monkeypatch.setattr(rr, "_kernels", dict(lowered[-1].new))   # published, as a build on a GPU publishes them
+  assert "g_wgmma_tile<" in cuda_text(product()) and not lowered[-1].new   # the same switches: the kernel reused
+  monkeypatch.setenv("GRAFT_TC_TILE", "128,256,2,4,32,4")
+  assert "g_mma_tile<half, 128, 256, 32, 2, 4, 4," in cuda_text(product())
+  monkeypatch.delenv("GRAFT_TC_TILE")
+  monkeypatch.setenv("GRAFT_WGMMA", "0")
+  assert "g_mma_tile<half, 128, 128," in cuda_text(product())
+  monkeypatch.setenv("GRAFT_TC", "0")
+  assert "mma_tile" not in cuda_text(product())
+
+
 def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   from runtime import cuda
   from runtime.device import CompileError

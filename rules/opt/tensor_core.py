@@ -32,9 +32,9 @@ warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumula
 warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
-GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Those are read
-as a kernel is lowered: a kernel compiled already in this process keeps its form. GRAFT_TF32 is part of the compiled
-kernel's and the warm-call program's keys (runtime/realize.py): changing it takes effect on the next call.
+GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). These two,
+GRAFT_WGMMA and GRAFT_TF32 are read as a kernel is lowered, and their text (`switches()`) is part of the compiled
+kernel's and the warm-call program's keys (runtime/realize.py): changing one takes effect on the next call.
 """
 from __future__ import annotations
 import math, os
@@ -72,10 +72,24 @@ def tf32_requested() -> bool:
   return env_flag("GRAFT_TF32", False, "TF32 tensor cores for float32 products on the GPU")
 
 
+SWITCHES = ("GRAFT_TC", "GRAFT_TF32", "GRAFT_WGMMA", "GRAFT_TC_TILE")
+
+
+def switches() -> tuple[str | None, ...]:
+  """The text of each variable this stage reads (SWITCHES): a kernel lowered under other values may compile to another
+  kernel, so the runtime keys its caches by them (as read, on every warm call; checked as a kernel is lowered)."""
+  return tuple(map(os.environ.get, SWITCHES))
+
+
+def tc_enabled() -> bool: return env_flag("GRAFT_TC", True, "tensor cores for 16-bit products")
+def wgmma_enabled() -> bool: return env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products")
+def tile_text() -> str: return os.environ.get("GRAFT_TC_TILE", "").strip()
+
+
 def tiles(itemsize: int = 2) -> tuple[tuple[int, ...], ...]:
   """The tiles for operands of `itemsize` bytes, or the one tile GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" names (for
   measuring other tiles)."""
-  text = os.environ.get("GRAFT_TC_TILE", "").strip()
+  text = tile_text()
   if not text: return TILES if itemsize == 2 else TF32_TILES
   try: t = tuple(int(v) for v in text.split(","))
   except ValueError: t = ()
@@ -232,7 +246,7 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
   divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
   wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
-    gather is None and not os.environ.get("GRAFT_TC_TILE", "").strip() and env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products") else []
+    gather is None and not tile_text() and wgmma_enabled() else []
   fits = [t for t in tiles(itemsize) if divides(t)]
   if not wgmma and not fits: return None
   bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
@@ -243,7 +257,7 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
 def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
   """The policy (Stage.prepare): whether this kernel's product runs on tensor cores, and its tile."""
   ctx.product = None
-  if sink.arg == "linear" or isinstance(sink.arg, Plan) or not env_flag("GRAFT_TC", True, "tensor cores for 16-bit products"): return
+  if sink.arg == "linear" or isinstance(sink.arg, Plan) or not tc_enabled(): return
   if any(n.op in (Ops.SPECIAL, Ops.BARRIER, Ops.MMA) for n in sink.toposort): return
   ctx.product = match_product(sink, ctx.multiprocessors, ctx.arch)
 
