@@ -180,6 +180,26 @@ def test_changing_a_tensor_core_switch_between_calls_never_reuses_the_kernel_of_
   assert "mma_tile" not in cuda_text(product())
 
 
+def test_before_ampere_a_half_product_stays_on_the_other_gpu_plans(tmp_path):
+  from rules.pipeline import Run, schedule, lower_kernel
+  from rules.realize import normalize
+  from renderers.cuda import renderer
+  from runtime import cuda
+  from runtime.device import CompileError
+  x, w = Tensor(normal(256, 128)), Tensor(normal(128, 256))
+  (k,) = [k for k in schedule([(x @ w).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
+  lower = lambda arch: lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True, arch=arch))
+  assert any(u.op is Ops.MMA for u in lower("sm_80").src)
+  turing = lower("sm_75")   # a T4: no cp.async, no mma.sync m16n8k16
+  assert not any(u.op is Ops.MMA for u in turing.src)
+  try: nvcc = cuda.find_nvcc()
+  except CompileError: pytest.skip("nvcc not found: CUDA kernels not compiled")
+  src, out = tmp_path / "t4.cu", tmp_path / "t4.cubin"
+  src.write_text(renderer.source([renderer.render("product", turing)]))
+  cuda._run_nvcc(nvcc, "sm_75", src, out)
+  assert out.stat().st_size > 0
+
+
 def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   from runtime import cuda
   from runtime.device import CompileError

@@ -31,7 +31,8 @@ that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by 
 warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
 warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
-A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
+A kernel that does not match, or any kernel on a GPU older than sm_80 (Ampere: cp.async, mma.sync m16n8k16 for bf16
+and m16n8k8 for TF32 start there), is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
 GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). These two,
 GRAFT_WGMMA and GRAFT_TF32 are read as a kernel is lowered, and their text (`switches()`) is part of the compiled
 kernel's and the warm-call program's keys (runtime/realize.py): changing one takes effect on the next call.
@@ -254,10 +255,15 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   return Product(st, red, a, b, rows, j, ks, batch, spec)
 
 
+def capability(arch: str) -> int:
+  """The compute capability of a target "sm_XY" (or "sm_XYa") as the number XY."""
+  return int(arch.removeprefix("sm_").rstrip("a"))
+
+
 def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
   """The policy (Stage.prepare): whether this kernel's product runs on tensor cores, and its tile."""
   ctx.product = None
-  if sink.arg == "linear" or isinstance(sink.arg, Plan) or not tc_enabled(): return
+  if sink.arg == "linear" or isinstance(sink.arg, Plan) or not tc_enabled() or capability(ctx.arch) < 80: return
   if any(n.op in (Ops.SPECIAL, Ops.BARRIER, Ops.MMA) for n in sink.toposort): return
   ctx.product = match_product(sink, ctx.multiprocessors, ctx.arch)
 
