@@ -81,7 +81,10 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     no gradient and stay as they are)."""
     if not grad_enabled() and not (uop.op is Ops.VIEW and uop.src[0].op is Ops.CONST) and uop.op is not Ops.DETACH:
       uop = UOp(Ops.DETACH, uop.dtype, (uop,))
-    return self._from_uop(uop, self.shape if shape is None else shape, self.device)
+    t = _new_tensor(self.__class__)   # (_from_uop, inlined: every operation makes its result here)
+    t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
+      uop, self.shape if shape is None else shape if shape.__class__ is tuple else tuple(shape), self.device, False, None, None
+    return note(t)
 
   def _const(self, value, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Tensor:
     dtype = dtype or self.dtype
@@ -261,6 +264,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     m = n if m is None else m
     rows = cls.arange(n, device=device).reshape(n, 1)
     return (rows == cls.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype) if dtype else dtypes.default_float)
+
+
+_new_tensor = object.__new__
 
 
 def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)
