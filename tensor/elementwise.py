@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
+from .recorded import recorded
 from .promotion import result_dtype, promoted, with_scalar, is_scalar, py_scalar, check_fits, out_of_range
 
 LOG2_E, LN_2 = math.log2(math.e), math.log(2)
@@ -268,10 +269,15 @@ class ElementwiseMixin:
   def sin(self): return _upcast_half(lambda x: _alu(Ops.SIN, x), self)
   def cos(self): return _upcast_half(_cos, self)
   def tan(self): return _upcast_half(lambda x: _alu(Ops.SIN, x) / _cos(x), self)
+  @recorded
   def sigmoid(self): return _upcast_half(_sigmoid, self)
+  @recorded
   def tanh(self): return _upcast_half(lambda x: _sigmoid(x * 2) * 2 - 1, self)
+  @recorded
   def relu(self): return (self < 0).where(0, self)  # NaN stays NaN, as in torch
+  @recorded
   def silu(self): return _upcast_half(lambda x: x * _sigmoid(x), self)
+  @recorded
   def gelu(self):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     return _upcast_half(lambda x: x * 0.5 * (1 + (x * math.sqrt(2 / math.pi) * (1 + 0.044715 * x * x)).tanh()), self)

@@ -14,6 +14,7 @@ from rules.strided_view import View, compose
 from .elementwise import broadcast_shape
 from .movement import padded_expand
 from .args import countable
+from .recorded import recorded
 from .promotion import is_scalar, py_scalar, check_fits
 from .indexing import as_index, one_hot, pick
 
@@ -98,15 +99,18 @@ class NNMixin:
       out = out + bias
     return out
 
+  @recorded
   def softmax(self, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)) along axis; subtracting the max keeps exp from overflowing."""
     e = (self - self.max(axis, keepdim=True)).exp()
     return e / e.sum(axis, keepdim=True)
 
+  @recorded
   def log_softmax(self, axis: int = -1):
     shifted = self - self.max(axis, keepdim=True)
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
+  @recorded
   def logsumexp(self, axis=-1, keepdim: bool = False):
     """log(sum(exp(x))) along axis, computed as max + log(sum(exp(x - max))) so that exp cannot overflow; a row of
     -inf gives -inf (its max is taken as 0 there, not -inf, which would make x - max NaN)."""
@@ -161,6 +165,7 @@ class NNMixin:
     if reduction == "none": return loss
     return loss.sum() if reduction == "sum" else loss.sum() / keep.sum()
 
+  @recorded
   def layernorm(self, axis=-1, eps: float = 1e-5):
     """(x - mean) / sqrt(var + eps) over axis (the biased variance, as layer norm uses); no affine part."""
     centered = self - self.mean(axis, keepdim=True)
