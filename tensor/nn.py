@@ -51,6 +51,7 @@ def _as_columns(v: View, shape: tuple[int, ...]) -> View | None:
 
 class NNMixin:
   __slots__ = ()  # the Tensor's own slots stay its only fields
+  @recorded
   def matmul(self, w, dtype=None):
     """numpy's matmul: (..., n, k) @ (..., k, m) -> (..., n, m) with batch dims broadcast; a 1-d left operand is a
     row (k,), a 1-d right one a column, and their added dim is removed again. float16 accumulates in float32 and

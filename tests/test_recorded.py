@@ -12,6 +12,7 @@ CALLS = {
   "logsumexp": lambda x: x.logsumexp(-1), "logsumexp keepdim": lambda x: x.logsumexp(0, keepdim=True),
   "layernorm": lambda x: x.layernorm(1, eps=1e-3), "relu": lambda x: x.relu(), "gelu": lambda x: x.gelu(),
   "silu": lambda x: x.silu(), "sigmoid": lambda x: x.sigmoid(), "tanh": lambda x: x.tanh(),
+  "x @ x.T": lambda x: x @ (x + 1).T, "x.T @ x": lambda x: x.T @ (x * 2), "matmul to float32": lambda x: x.matmul(x.T * 3, dtype=dtypes.float32),
 }
 DIRECT = {   # the same calls, through the undecorated methods: built by the tensor operations every time
   "softmax": lambda x: Tensor.softmax.__wrapped__(x, -1), "softmax(0)": lambda x: Tensor.softmax.__wrapped__(x, 0),
@@ -20,7 +21,9 @@ DIRECT = {   # the same calls, through the undecorated methods: built by the ten
   "logsumexp keepdim": lambda x: Tensor.logsumexp.__wrapped__(x, 0, keepdim=True),
   "layernorm": lambda x: Tensor.layernorm.__wrapped__(x, 1, eps=1e-3), "relu": Tensor.relu.__wrapped__,
   "gelu": Tensor.gelu.__wrapped__, "silu": Tensor.silu.__wrapped__, "sigmoid": Tensor.sigmoid.__wrapped__,
-  "tanh": Tensor.tanh.__wrapped__,
+  "tanh": Tensor.tanh.__wrapped__, "x @ x.T": lambda x: Tensor.matmul.__wrapped__(x, (x + 1).T),
+  "x.T @ x": lambda x: Tensor.matmul.__wrapped__(x.T, x * 2),
+  "matmul to float32": lambda x: Tensor.matmul.__wrapped__(x, x.T * 3, dtype=dtypes.float32),
 }
 
 
@@ -92,3 +95,22 @@ def test_a_graph_holding_another_buffer_is_not_recorded():
   plus_other(Tensor(np.zeros(4, np.float32)))
   assert not any(k[0].endswith("plus_other") for k in recorded._records)
   np.testing.assert_allclose(plus_other(Tensor(np.full(4, 2, np.float32))).numpy(), np.full(4, 3))
+
+
+def operand_pairs(seed: int) -> dict:
+  rng = np.random.default_rng(seed)
+  t = lambda *s: Tensor(rng.standard_normal(s).astype(np.float32))
+  big = t(8, 9)
+  return {"matrices": (t(3, 4), t(4, 5)), "batched": (t(2, 3, 4), t(4, 5)), "vector @ matrix": (t(4), t(4, 5)),
+          "matrix @ vector": (t(3, 4), t(4)), "slices": (big[1:4, :4], big[:4, 2:7]), "lazy": (t(3, 4).exp(), t(4, 5) + 1),
+          "a view of a lazy tensor": ((t(4, 3) * 2).T, t(5, 4).T), "one tensor twice": (big[:8, :8],) * 2,
+          "float16": (t(3, 4).half(), t(4, 5).half())}
+
+
+@pytest.mark.parametrize("name", list(operand_pairs(0)))
+def test_a_replayed_product_is_the_product_the_operations_build(name):
+  for seed in range(3):
+    a, b = operand_pairs(seed)[name]
+    out = a @ b
+    assert out.uop is Tensor.matmul.__wrapped__(a, b).uop
+    np.testing.assert_allclose(out.numpy(), a.numpy().astype(np.float32) @ b.numpy().astype(np.float32), rtol=2e-2 if name == "float16" else 1e-5, atol=1e-2 if name == "float16" else 1e-5)
