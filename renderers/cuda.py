@@ -9,6 +9,7 @@ renderer. Each kernel is `extern "C" __global__ __launch_bounds__(threads) void 
 the CUDA device reads its parameters from that line). Float math stays IEEE (no fast-math), like the C renderer.
 """
 from __future__ import annotations
+import re
 from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
@@ -144,7 +145,15 @@ class CUDARenderer:
                    waiting_barriers=waiting)
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
-  def source(self, kernels: list[str]) -> str: return "\n".join(CUDA.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
+  def source(self, kernels: list[str]) -> str:
+    """One translation unit of `kernels`. The half and bfloat16 headers and the tensor cores' prelude only where a
+    kernel names what they define: parsing them is about half of nvcc's time for a small kernel (a first call)."""
+    heavy = any(_NEEDS_HEADERS.search(k) for k in kernels)
+    return "\n".join(CUDA.headers if heavy else (PRELUDE,)) + "\n\n" + "\n\n".join(kernels) + "\n"
+
+
+# a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude defines
+_NEEDS_HEADERS = re.compile("|".join(["half", "bfloat16", *sorted(set(re.findall(r"\b[gG]_\w+", MMA_PRELUDE)))]))
 
 
 renderer = CUDARenderer()

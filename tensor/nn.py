@@ -12,8 +12,6 @@ import numpy as np
 from rewrite import UOp, Ops
 from rules.strided_view import View, compose
 from .elementwise import broadcast_shape
-from .movement import padded_expand
-from .args import countable
 from .recorded import recorded
 from .promotion import is_scalar, py_scalar, check_fits
 from .indexing import as_index, one_hot, pick
@@ -34,21 +32,6 @@ def _mul_sum(a, b, axis, dtype=None):
   return (a * b).sum(axis, dtype=dtype)
 
 
-def _as_rows(v: View, shape: tuple[int, ...]) -> View | None:
-  """The left operand (..., n, k) of a product read as `shape` (..., n, m, k): one movement (tensor/movement.py
-  `_view`), None where no single View says it."""
-  r = v.reshape(v.shape[:-1] + (1,) + v.shape[-1:])
-  return None if r is None else padded_expand(r, shape)
-
-
-def _as_columns(v: View, shape: tuple[int, ...]) -> View | None:
-  """The right operand (..., k, m) of a product read as `shape` (..., n, m, k): transposed, then broadcast."""
-  nd = len(v.shape)
-  t = v.permute(tuple(range(nd - 2)) + (nd - 1, nd - 2))
-  r = t.reshape(t.shape[:-2] + (1,) + t.shape[-2:])
-  return None if r is None else padded_expand(r, shape)
-
-
 class NNMixin:
   __slots__ = ()  # the Tensor's own slots stay its only fields
   @recorded
@@ -63,13 +46,11 @@ class NNMixin:
     b = w.reshape(w.shape[0], 1) if w.ndim == 1 else w
     if a.shape[-1] != b.shape[-2]:
       raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: inner dimensions {a.shape[-1]} and {b.shape[-2]} differ")
-    try: batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
+    try: broadcast_shape(a.shape[:-2], b.shape[:-2])
     except ValueError: raise ValueError(f"matmul of shapes {self.shape} and {w.shape}: the batch dimensions "
                                         f"{a.shape[:-2]} and {b.shape[:-2]} cannot be broadcast together") from None
-    # (..., n, m, k) * (..., n, m, k), summed over k: the product's last axis is the reduced one. Each operand is read
-    # through one movement (a row: (..., n, 1, k) broadcast; a column: transposed to (..., 1, m, k), broadcast)
-    shape = countable(batch + (a.shape[-2], b.shape[-1], a.shape[-1]), f"matmul of shapes {self.shape} and {w.shape}")
-    out = _mul_sum(a._view(_as_rows, shape), b._view(_as_columns, shape), -1, dtype)
+    # (..., n, 1, k) * (..., 1, m, k), summed over k: the product's last axis is the reduced one
+    out = _mul_sum(a.unsqueeze(-2), b.transpose(-1, -2).unsqueeze(-3), -1, dtype)
     if self.ndim == 1: out = out.squeeze(-2)
     if w.ndim == 1: out = out.squeeze(-1)
     return out
