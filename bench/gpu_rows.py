@@ -39,7 +39,7 @@ def main():
   from tensor import Tensor
   from rules.pipeline import Run, schedule, lower_kernel
   from rules.realize import normalize
-  from rules.opt import OptContext, InvalidPlan
+  from rules.opt import InvalidPlan
   from runtime.search import time_plan
   from gpu_tiles import torch_time   # bench/gpu_tiles.py, beside this script
   from runtime.device import get_device, CompileError
@@ -63,7 +63,7 @@ def main():
     kernels, _ = schedule([g(*tx).uop], ["CUDA"], Run("CUDA", parallel=False, device_loops=True))
     if len(kernels) != 1: print(f"  {len(kernels)} kernels: timing the last only")
     norm, bufs = normalize(kernels[-1])
-    run = Run("CUDA", parallel=False, device_loops=True, opt=OptContext(device_loops=True, multiprocessors=dev.multiprocessor_count))
+    run = Run("CUDA", parallel=False, device_loops=True, multiprocessors=dev.multiprocessor_count)
     lower_kernel(norm, run)
     best = None
     for label, plan in [("heuristic", run.opt.plan)] + variants(run.opt.plan):

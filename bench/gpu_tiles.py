@@ -114,8 +114,7 @@ def gpt_product_kernels(tokens: int, width: int, heads: int):
 
 def gpt_products(dev, tokens: int, width: int, heads: int, only: str | None, max_plans: int) -> None:
   import torch
-  from rules.opt import Opt, OptKind
-  from rules.split import split_reduction
+  from rules.split import split_reduction, SplitReduce
   summary = []
   for shape, k in gpt_product_kernels(tokens, width, heads):
     name = "x".join(map(str, shape))
@@ -133,7 +132,7 @@ def gpt_products(dev, tokens: int, width: int, heads: int, only: str | None, max
     # the reduction split into partials (a batch of products) and their combine: both kernels' time
     for parts in (2, 3, 4, 6, 8) if max_plans and not batch else ():
       if kk % (parts * 16) or kk // parts < 128: continue
-      partials, combine, _ = split_reduction(k, Opt(OptKind.SPLIT_REDUCE, 2, parts))
+      partials, combine, _ = split_reduction(k, SplitReduce(2, parts))
       (ph, pt), (ch, ct) = timed_plans(dev, [(partials, None), (combine, None)])
       if isinstance(pt, str) or isinstance(ct, str): rows.append((f"split {parts}", ph, f"{pt} {ct}")); continue
       rows.append((f"split {parts}: partials heuristic + combine {ct * 1e3:.3f} ms", ph, pt + ct))

@@ -254,7 +254,6 @@ def check_gpu_plan(plan: Plan, loops: list[UOp]) -> None:
   block, `upcast(-1, E)` E rows a thread) or a tile plan (rules/opt's splitting records with local parts: see
   `lay_out_tiles`)."""
   for o in plan.opts:
-    if o.kind is OptKind.SPLIT_REDUCE: raise InvalidGridPlan(f"{o!r}: a split reduction is two kernels, the host stage's record, not one kernel's grid")
     if o.axis >= len(loops) or o.axis < -1 or (o.axis == -1 and o.kind not in (OptKind.LOCAL, OptKind.UPCAST)):
       raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
     if o.kind is OptKind.GLOBAL and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop runs on blocks")

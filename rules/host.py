@@ -271,14 +271,14 @@ def offer_split_reduction(ctx: HostContext, k: UOp) -> UOp | None:
   written = buffers_written(k)
   if any(n in written for st in k.src for n in st.src[1].toposort): return None
   sms = ctx.multiprocessors(k.arg)
-  if (opt := cache_split_plan(k) if sms is None else split_reduction_plan(k, sms)) is None: return None
-  partials, combine, scratches = split_reduction(k, opt)
+  if (split := cache_split_plan(k) if sms is None else split_reduction_plan(k, sms)) is None: return None
+  partials, combine, scratches = split_reduction(k, split)
   if ctx.split_mode == "on": return UOp(Ops.SINK, src=(call_kernel(ctx, partials), call_kernel(ctx, combine)))
   norm, buffers = normalize(k)
   whole = ((norm, tuple(range(len(buffers)))),)
   buffers += scratches
   calls = tuple((n, tuple(buffers.index(b) for b in bs)) for n, bs in map(normalize, (partials, combine)))
-  return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", whole), (repr(opt), calls))))
+  return UOp(Ops.PICK, src=tuple(buffers), arg=Choice((("one kernel", whole), (repr(split), calls))))
 
 
 def skip_empty_kernel(k: UOp) -> UOp | None:

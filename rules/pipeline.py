@@ -57,7 +57,8 @@ class Run:
   outputs: tuple[UOp, ...] = ()  # the BUFFERs the realize returns (a schedule stage must keep their kernels)
   fuse: FuseContext | None = None
   opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage (a
-                              # caller may preset one: a policy, a GPU's SM count)
+                              # caller may preset one: a policy)
+  multiprocessors: int = 132  # a GPU's SM count, which sizes its grids (the runtime asks the driver; 132: an H100)
   host: HostContext | None = None  # set by the runtime before the host stages run
   attention: AttentionContext | None = None  # what the attention stage fused and why not (DEBUG=2)
 
@@ -80,8 +81,7 @@ def _fuse_ctx(run: Run) -> FuseContext:
 
 
 def _tensor_core_ctx(run: Run) -> TensorCoreContext:
-  sms = run.opt.multiprocessors if run.opt is not None else TensorCoreContext.multiprocessors
-  return TensorCoreContext(multiprocessors=sms)
+  return TensorCoreContext(multiprocessors=run.multiprocessors)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host

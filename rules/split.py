@@ -4,24 +4,33 @@ its packed panels in cache (`cache_split_plan`); rules/host.py offers both forms
 
 One block of lanes per row (rules/gpu.py) leaves most of a GPU idle when the rows are few: `x.sum()` of 4096x4096 is one
 block on one of 132 multiprocessors; a column sum `x.sum(0)` is a thread per output, 4096 threads. The record
-`split_reduce(axis, parts)` (`OptKind.SPLIT_REDUCE`, chosen by `split_reduction_plan`) says: read the reduction's source
+`split_reduce(axis, parts)` (a `SplitReduce`, chosen by `split_reduction_plan`; the host stage's record, not a kernel plan's) says: read the reduction's source
 with `axis` split into (parts, length / parts), reduce everything but `parts` into a scratch buffer of partials (many
 rows: the grid planner gives them blocks or threads across the whole GPU), then reduce the partials over `parts`.
 
-`split_reduction(kernel, opt) -> (partials, combine, scratches)`: in, a tensor-level KERNEL whose reductions
+`split_reduction(kernel, split) -> (partials, combine, scratches)`: in, a tensor-level KERNEL whose reductions
 `splittable_reductions` accepts; out, two tensor-level KERNELs over the same buffers plus new scratch BUFFERs, which
 compute the same values up to float rounding (the sums are associated differently); they go through the kernel stages
 like any other kernel.
 """
 from __future__ import annotations
 import math
+from dataclasses import dataclass
 from rewrite import UOp, Ops, substitute
 from .strided_view import View
 from .realize import NewBuffer
 from .shapes import shape_of
-from .opt.plan import Opt, OptKind
 from .gpu import (InvalidGridPlan, MAX_THREADS, MULTIPROCESSORS, RESIDENT_THREADS, LOOP_THREADS,
                   walks_rows, _buffer_views)
+
+@dataclass(frozen=True)
+class SplitReduce:
+  """Run a kernel's reductions as `parts` partials along reduced axis `axis`, then their combine: two kernels, so a
+  record of the host stage (rules/host.py offers it beside the kernel), not of one kernel's plan (rules/opt)."""
+  axis: int
+  parts: int
+  def __repr__(self): return f"split_reduce({self.axis}, {self.parts})"
+
 
 SPLIT_MIN_LENGTH = 4096      # a reduction shorter than this is never split: one block takes it in a few steps
 SPLIT_MIN_ROW_CHUNK = 2048   # a partial of a row reduction keeps at least this many elements (a block of lanes, several each)
@@ -57,7 +66,7 @@ def product_shape(reds: list[UOp]) -> tuple[int, ...] | None:
   return shape if (flat(views[0], -2) and flat(views[1], -3)) or (flat(views[1], -2) and flat(views[0], -3)) else None
 
 
-def product_split_plan(reds: list[UOp], multiprocessors: int) -> Opt | None:
+def product_split_plan(reds: list[UOp], multiprocessors: int) -> SplitReduce | None:
   """A matrix product whose blocks of 8x8 registers (rules/opt/gpu_tile.py) leave multiprocessors idle: its reduction
   split into the fewest parts that give FILL_BLOCKS blocks per multiprocessor (the most there are, where none does);
   None for another kernel, a product that fills the GPU as it is, or one whose k cannot be split."""
@@ -68,10 +77,10 @@ def product_split_plan(reds: list[UOp], multiprocessors: int) -> Opt | None:
   if (tile := next((t for t in tiles_of(m, n) if t[2] * t[3] == 64 and t != TILES[0]), None)) is None: return None
   blocks, parts = math.prod(batch) * (m // tile[0]) * (n // tile[1]), split_parts(k)
   if not parts or fills(blocks, multiprocessors): return None
-  return Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, next((p for p in parts if blocks * p >= FILL_BLOCKS * multiprocessors), parts[-1]))
+  return SplitReduce(len(shape) - 1, next((p for p in parts if blocks * p >= FILL_BLOCKS * multiprocessors), parts[-1]))
 
 
-def cache_split_plan(kernel: UOp) -> Opt | None:
+def cache_split_plan(kernel: UOp) -> SplitReduce | None:
   """On the CPU: a matrix product whose packed panel of B (its k by one vector of columns, rules/opt/heuristic.py
   PANEL_BYTES) would not stay in cache, its k split into the fewest parts whose panels do (the GPT's MLP-out
   product, 128x768 over k = 3072, streamed B from memory once per tile of rows at 28-48 GFLOP/s); each part is then a
@@ -81,10 +90,10 @@ def cache_split_plan(kernel: UOp) -> Opt | None:
   k, row = shape[-1], vector_width(reds[0].dtype.itemsize) * reds[0].dtype.itemsize
   if k * row <= PANEL_BYTES: return None
   parts = next((p for p in range(2, k + 1) if k % p == 0 and k // p * row <= PANEL_BYTES), None)
-  return None if parts is None else Opt(OptKind.SPLIT_REDUCE, len(shape) - 1, parts)
+  return None if parts is None else SplitReduce(len(shape) - 1, parts)
 
 
-def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> Opt | None:
+def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) -> SplitReduce | None:
   """The heuristic for a kernel of reductions of few, long rows, or a product of few tiles (`product_split_plan`):
   `split_reduce(axis, parts)`, or None where the kernel's own grid already fills the GPU. A row reduction (lanes per row) gets at most MAX_THREADS threads a row,
   a column reduction one thread an output: when that, times the outputs, is less than the GPU holds at once
@@ -104,18 +113,18 @@ def split_reduction_plan(kernel: UOp, multiprocessors: int = MULTIPROCESSORS) ->
   chunk = SPLIT_MIN_ROW_CHUNK if rows else SPLIT_MIN_COLUMN_CHUNK
   best = max(((parts, -a) for a in sorted(axes) for parts in _divisors(shape[a])
               if 2 <= parts <= most and length // parts >= chunk), default=None)
-  return None if best is None else Opt(OptKind.SPLIT_REDUCE, -best[1], best[0])
+  return None if best is None else SplitReduce(-best[1], best[0])
 
 
-def split_reduction(kernel: UOp, opt: Opt) -> tuple[UOp, UOp, tuple[UOp, ...]]:
+def split_reduction(kernel: UOp, split: SplitReduce) -> tuple[UOp, UOp, tuple[UOp, ...]]:
   """(partials, combine, scratch buffers) carrying out `split_reduce(axis, parts)` on a kernel `split_reduction_plan`
   chose: each reduction's source is read reshaped with `axis` split into (parts, its length / parts); the first kernel
   reduces every axis the reductions reduced but keeps `parts` (one partial per part) and stores the partials of each
   reduction in a new scratch buffer; the second is the kernel itself with each reduction replaced by the reduction of
   its partials over `parts`. Values are unchanged up to float rounding (the sums are associated differently)."""
   reds = splittable_reductions(kernel)
-  (_, axes), shape, a, parts = reds[0].arg, shape_of(reds[0].src[0]), opt.axis, opt.amount
-  if a not in axes or shape[a] % parts: raise InvalidGridPlan(f"{opt!r}: axis {a} of {shape} is not a reduced axis that {parts} divides")
+  (_, axes), shape, a, parts = reds[0].arg, shape_of(reds[0].src[0]), split.axis, split.parts
+  if a not in axes or shape[a] % parts: raise InvalidGridPlan(f"{split!r}: axis {a} of {shape} is not a reduced axis that {parts} divides")
   # the source with `a` split into (parts, length / parts), the parts moved outermost: the partials are (parts, the
   # kernel's outputs), so a product's partials kernel is a batch of products (the tiles of rules/opt/gpu_tile.py) and
   # the combine's threads read consecutive partials

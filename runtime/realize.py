@@ -23,7 +23,6 @@ from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
-from rules.opt import OptContext
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of
 from .program import Program
@@ -77,8 +76,8 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
-  run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  if (sms := _multiprocessors(device, device_loops)): run.opt = OptContext(device_loops=True, multiprocessors=sms)
+  run = Run(device, parallel=not device_loops, device_loops=device_loops,
+            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS)
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)

@@ -19,6 +19,7 @@ import numpy as np
 from rewrite import UOp, Ops, viz
 from rewrite.env import env_number
 from rules.pipeline import lower_kernel, Run, pipeline
+from rules.gpu import MULTIPROCESSORS
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
 from .buffer import Buffer, _np_dtype
 from .device import get_device, CompileError
@@ -71,20 +72,17 @@ def given(plan: Plan):
 
 
 def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None, multiprocessors: int | None = None) -> tuple[UOp, OptContext]:
-  run = Run(device, parallel=not device_loops, device_loops=device_loops)
-  run.opt = OptContext(device_loops=device_loops, choose=given(plan) if plan is not None else None)
-  if multiprocessors: run.opt.multiprocessors = multiprocessors
+  run = Run(device, parallel=not device_loops, device_loops=device_loops, multiprocessors=multiprocessors or MULTIPROCESSORS)
+  run.opt = OptContext(device_loops=device_loops, choose=given(plan) if plan is not None else None, multiprocessors=run.multiprocessors)
   return lower_kernel(norm, run), run.opt
 
 
 def lower_planned(norm: UOp, buffers: list[UOp], device: str, run: Run) -> UOp:
   """The kernel's linear form, lowered with the plan from the cache, the search or the heuristic (see above), on a
-  CPU or a GPU (the GPU's SM count, preset in run.opt by the caller, is kept)."""
-  sms = run.opt.multiprocessors if run.opt is not None else None
+  CPU or a GPU (of run.multiprocessors SMs)."""
   def context(plan: Plan | None = None) -> OptContext:
-    ctx = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel, choose=given(plan) if plan else None)
-    if sms: ctx.multiprocessors = sms
-    return ctx
+    return OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel,
+                      choose=given(plan) if plan else None, multiprocessors=run.multiprocessors)
   key = plan_key(norm, device, run.device_loops)
   if (opts := load_plan(key)) is not None:
     run.opt = context(Plan(opts, "cache"))

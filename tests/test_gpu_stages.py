@@ -10,8 +10,8 @@ import pytest
 
 from rewrite import Ops, UOp, dtypes
 from rules.gpu import MAX_THREADS, MULTIPROCESSORS, FLAT_THREADS, launch_dims, InvalidGridPlan, lanes_of, rows_per_block, rows_per_thread
-from rules.opt import Opt, OptKind, Plan, OptContext
-from rules.split import split_reduction_plan
+from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
+from rules.split import split_reduction_plan, SplitReduce
 from rules.pipeline import Run, lower_kernel, schedule, pipeline
 from rules.host import HostContext
 from rules.realize import NewBuffer, normalize
@@ -112,7 +112,7 @@ def run_on_model_gpu(*tensors: Tensor, multiprocessors: int = MULTIPROCESSORS, s
   for step in steps:
     if step.op in (Ops.ALLOC, Ops.FREE): continue
     assert step.op is Ops.CALL
-    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors)))
+    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True, multiprocessors=multiprocessors))
     if (dims := launch_dims(linear)) is not None: assert dims[1][0] <= MAX_THREADS
     run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
@@ -171,7 +171,7 @@ def test_row_reductions_of_other_dtypes(shape):
 
 def plan_of(t: Tensor, multiprocessors: int = MULTIPROCESSORS) -> Plan:
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=multiprocessors))
+  run = Run("CPU", parallel=False, device_loops=True, multiprocessors=multiprocessors)
   lower_kernel(normalize(kernels[0])[0], run)
   return run.opt.plan
 
@@ -237,7 +237,7 @@ def test_a_thread_takes_several_elements_where_the_grid_stays_full(shape, per_th
   x, y = T(*shape), T(shape[1])
   t = ((x * y + 1).exp() - x).relu()
   kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
-  run = Run("CPU", parallel=False, device_loops=True, opt=gpu(multiprocessors=1))
+  run = Run("CPU", parallel=False, device_loops=True, multiprocessors=1)
   lower_kernel(normalize(kernels[0])[0], run)
   assert rows_per_thread(run.opt.plan) == per_thread
   got = run_on_model_gpu(t, x.sum(1), multiprocessors=1)
@@ -313,10 +313,10 @@ def test_the_split_heuristic_spreads_few_long_rows_over_the_gpu_and_leaves_the_r
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
     return [split_reduction_plan(k) for k in kernels]
   # a row reduction: partial blocks for two waves of the GPU, each at least SPLIT_MIN_ROW_CHUNK long; the outer axis
-  assert plan(T(1024, 1024).sum()) == [Opt(OptKind.SPLIT_REDUCE, 0, 512)] and repr(plan(T(1024, 1024).sum())[0]) == "split_reduce(0, 512)"
-  assert plan(T(4, 65536).sum(1)) == [Opt(OptKind.SPLIT_REDUCE, 1, 32)]
+  assert plan(T(1024, 1024).sum()) == [SplitReduce(0, 512)] and repr(plan(T(1024, 1024).sum())[0]) == "split_reduce(0, 512)"
+  assert plan(T(4, 65536).sum(1)) == [SplitReduce(1, 32)]
   # a column reduction: a thread per partial, one wave of them
-  assert plan(T(8192, 96).sum(0)) == [Opt(OptKind.SPLIT_REDUCE, 0, 256)]
+  assert plan(T(8192, 96).sum(0)) == [SplitReduce(0, 256)]
   # many rows fill the GPU already; short rows, lengths without a divisor, reductions of several shapes: not split
   # a reduction nested in another (x.mean() inlined into x.var()'s kernel by gpu_fuse): not split either
   for t in (T(4096, 4096).sum(1), T(64, 2048).sum(1), T(4099).sum(), T(1024, 1024).softmax(1), T(32, 48) + 1,
@@ -356,6 +356,6 @@ def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fir
   assert [k.op for k in forward] == [Ops.SINK, Ops.SINK, Ops.KERNEL]   # two dropped (spliced out), one kernel left
 
 
-def test_a_split_record_in_a_kernels_grid_plan_is_refused():
-  from rules.gpu import check_gpu_plan
-  with pytest.raises(InvalidGridPlan, match="host stage's record"): check_gpu_plan(Plan((Opt(OptKind.SPLIT_REDUCE, 1, 4),)), [])
+def test_a_split_record_in_a_kernels_plan_is_refused():
+  # a split is two kernels, the host stage's record: no kernel's plan may hold one
+  with pytest.raises(InvalidPlan, match="a plan holds Opt records"): check_plan(Plan((SplitReduce(1, 4),)), [], device_loops=True)

@@ -46,7 +46,7 @@ def test_the_gpt_forwards_products_fill_the_gpu_split_where_their_tiles_are_few(
   # takes 64 x 128 tiles of 8 x 8 registers (128 lanes) where they occupy the multiprocessors (132 here); where they
   # would leave some idle, the host stage offers its reduction split into parts, each a product of the batch of parts
   # (the 8 x 8 tile again), beside the one kernel in smaller tiles
-  from rules.split import split_reduction_plan, split_reduction
+  from rules.split import split_reduction_plan, split_reduction, SplitReduce
   x, h = T(1024, 768), T(1024, 3072)
   wide = "upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
   small = "upcast(0, 4) local(0, 16) global(0, 8) upcast(1, 2) local(1, 16) upcast(1, 2) global(1) split(2, 16) pack(2)"
@@ -58,7 +58,7 @@ def test_the_gpt_forwards_products_fill_the_gpu_split_where_their_tiles_are_few(
     kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
     assert plan_of(kernels[-1]) == plan + " [heuristic]"
     opt = split_reduction_plan(kernels[-1])
-    assert opt == (None if parts is None else Opt(OptKind.SPLIT_REDUCE, 2, parts))
+    assert opt == (None if parts is None else SplitReduce(2, parts))
     if opt is None: continue
     partials, combine, _ = split_reduction(kernels[-1], opt)
     # the partials: the 8 x 8 tile over the product's loops, the parts a batch on blocks; the combine adds them up

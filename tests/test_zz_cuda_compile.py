@@ -12,7 +12,6 @@ import pytest
 
 from rewrite import Ops
 from rules.gpu import MAX_GRID, MAX_THREADS, MULTIPROCESSORS, launch_dims
-from rules.opt import OptContext
 from rules.split import split_reduction_plan, split_reduction
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
@@ -97,7 +96,7 @@ def test_every_kernel_compiles_for_cuda(tmp_path):
   # each kernel planned for the default GPU and for one of a single multiprocessor, where a thread takes several
   # elements of even a small kernel
   for norm, sms in itertools.product(kernels, (MULTIPROCESSORS, 1)):
-    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True, opt=OptContext(device_loops=True, multiprocessors=sms)))
+    linear = lower_kernel(norm, Run("CUDA", parallel=False, device_loops=True, multiprocessors=sms))
     dims = launch_dims(linear)
     if dims is not None:
       (blocks, *_), (threads, *_) = dims

@@ -34,7 +34,6 @@ class OptKind(str, Enum):
   LOCAL = "local"              # the loop's next-inner `amount` trips are the lanes of a block (its threads); axis -1:
                                # the kernel's global loops, merged, `amount` of them per block
   GROUP = "group"              # a reduction loop spread over `amount` lanes, each a partial, combined across the lanes
-  SPLIT_REDUCE = "split_reduce"  # a host record: the reduction runs as `amount` partials and a combine (rules/split.py)
   TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 
@@ -74,7 +73,7 @@ def kernel_axes(sink: UOp) -> list[UOp]:
 
 
 GPU_KINDS = (OptKind.GLOBAL, OptKind.LOCAL, OptKind.GROUP)
-CPU_KINDS = tuple(k for k in OptKind if k not in GPU_KINDS and k is not OptKind.SPLIT_REDUCE)   # what a CPU plan may hold
+CPU_KINDS = tuple(k for k in OptKind if k not in GPU_KINDS)   # what a CPU plan may hold
 
 
 def is_tile_plan(plan: Plan) -> bool:
@@ -87,7 +86,7 @@ def check_plan(plan: Plan, axes: list[UOp], device_loops: bool = False) -> None:
   """Raise InvalidPlan unless every record names a loop whose remaining trip count (padded first by its pad records)
   its amount divides. A GPU's plan is checked by rules/gpu.py (its rows, or its tiles here and there)."""
   if any(not isinstance(o, Opt) for o in plan.opts): raise InvalidPlan(f"{plan}: a plan holds Opt records")
-  if not device_loops and (gpu := [o for o in plan.opts if o.kind in (*GPU_KINDS, OptKind.SPLIT_REDUCE)]):
+  if not device_loops and (gpu := [o for o in plan.opts if o.kind in GPU_KINDS]):
     raise InvalidPlan(f"{gpu[0]!r}: a GPU's record in a plan for a CPU")
   if device_loops:
     from rules.gpu import check_gpu_plan
@@ -121,7 +120,7 @@ class OptContext:
   device_loops: bool = False                     # the device maps loops to its threads (CUDA): a GPU's plan
   choose: Callable[[UOp, list[UOp]], Plan] | None = None  # the policy (default: the device's heuristic)
   heuristic: bool = True                         # without a policy, the heuristic plans (else: an empty plan)
-  multiprocessors: int = 132                     # a GPU's SM count (runtime/cuda.py asks the driver; 132: an H100)
+  multiprocessors: int = 132                     # a GPU's SM count (the pipeline's Run.multiprocessors)
   grid: Any = None                               # a GPU plan laid out for the opt_grid stage (rules/gpu.py)
   plan: Plan = field(default_factory=Plan)
   axis_of: dict[UOp, int] = field(default_factory=dict)     # the kernel's loops as the plan numbers them
@@ -150,7 +149,8 @@ class OptContext:
 
 def opt_context(run) -> OptContext:
   """The context the opt stages share for one kernel: the pipeline's Run holds it (a caller may preset it)."""
-  if run.opt is None: run.opt = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel)
+  if run.opt is None: run.opt = OptContext(device_loops=run.device_loops, heuristic=run.device_loops or run.parallel,
+                                           multiprocessors=run.multiprocessors)
   return run.opt
 
 
