@@ -119,7 +119,7 @@ class ElementwiseMixin:
 
   def div(self, x, reverse=False):
     """True division; integers divide as float32 (the default float), like torch."""
-    dt = result_dtype((self, x))
+    dt = with_scalar(self.dtype, x) if x.__class__ is float or x.__class__ is int else result_dtype((self, x))
     a, b = operands(*((x, self) if reverse else (self, x)), dtype=dt if dt.is_float else dtypes.default_float)
     return _alu(Ops.FDIV, a, b)
 
