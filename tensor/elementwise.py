@@ -68,8 +68,10 @@ def _two_operands(a, b, dtype: DType | None) -> list | None:
   elif ca is float or ca is int: t, x, scalar_last = b, a, False
   else: return None
   if not isinstance(t, ElementwiseMixin): return None
-  dt = dtype or with_scalar(t.uop.dtype, x)
-  c = t._const(check_fits(x, dt), dt, t.shape)
+  dt = dtype or t.uop.dtype
+  # a float meets a float tensor in its dtype and fits it (as with_scalar and check_fits say): no need to ask them
+  c = t._const(x, dt, t.shape) if cb is float and dt.is_float and dt is t.uop.dtype else \
+    t._const(check_fits(x, dt := dtype or with_scalar(t.uop.dtype, x)), dt, t.shape)
   return [t.cast(dt), c] if scalar_last else [c, t.cast(dt)]
 
 

@@ -29,8 +29,19 @@ from .autograd import AutogradMixin, grad_enabled
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
   """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere. A bfloat16 constant holds
   its rounded value (its literal is rendered from its bits, and a cast of it to float32 folds to that value)."""
+  c = value.__class__
+  # remembered for Python numbers and a tuple shape; the class and a float's bits tell 1, 1.0, True and -0.0 apart
+  key = (dtype, c, value.hex() if c is float else value, shape) if c in (float, int, bool) and shape.__class__ is tuple else None
+  if key is not None and (u := _consts.get(key)) is not None: return u
   if dtype is dtypes.bfloat16: value = bf16_round(value)
-  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), scalar_view(tuple(shape)))
+  u = UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), scalar_view(tuple(shape)))
+  if key is not None:
+    if len(_consts) >= 4096: _consts.clear()
+    _consts[key] = u
+  return u
+
+
+_consts: dict[tuple, UOp] = {}   # the constants tensors asked for lately: a model's forward asks for the same ones
 
 
 class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
