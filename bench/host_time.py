@@ -9,7 +9,8 @@ the same Python that runs before and between a GPU's kernel launches. Columns: b
 operations), `find_program` (the warm call's key: the cached program is found), running the program (binding
 buffers, the steps, the tiny kernels) and the whole call (`realize()` of the built graph, plus the build). Medians
 of CPU time of this process (`time.process_time_ns` over batches of 50 calls), so another process's load counts
-little.
+little. Last, `to launch`: the median wall time from the start of a whole call to its first kernel launch, the part
+of the host time that a GPU's kernels cannot hide (what follows the launch runs while the kernel does).
 """
 from __future__ import annotations
 import argparse, math, os, statistics, sys, time
@@ -45,7 +46,18 @@ def main() -> None:
   from runtime.realize import find_program
   rng = np.random.default_rng(0)
   n = args.repeats
-  print(f"{'workload (us per warm call)':<28s}{'build':>8s}{'find_program':>14s}{'run':>8s}{'whole call':>12s}")
+  import runtime.program as program
+  launched, launch = [0], program._launch
+  def first_launch(*a, **k):
+    launched[0] = launched[0] or time.perf_counter_ns()
+    return launch(*a, **k)
+  program._launch = first_launch
+  def to_launch(i: int) -> float:
+    launched[0] = 0
+    t0 = time.perf_counter_ns()
+    f(*inputs[i]).realize()
+    return (launched[0] - t0) / 1e3
+  print(f"{'workload (us per warm call)':<28s}{'build':>8s}{'find_program':>14s}{'run':>8s}{'whole call':>12s}{'to launch':>11s}")
   for name in args.only.split(","):
     shapes, f = WORKLOADS[name]
     data = [[rng.standard_normal(s, np.float32) for s in shapes] for _ in range(4)]
@@ -58,7 +70,8 @@ def main() -> None:
     run = per_call_us(lambda i: found[i][0].run(found[i][1]), n)
     del built, found
     whole = per_call_us(lambda i: f(*inputs[i]).realize(), n)
-    print(f"{name:<28s}{build:8.1f}{key:14.1f}{run:8.1f}{whole:12.1f}", flush=True)
+    first = statistics.median(to_launch(i) for i in range(n))
+    print(f"{name:<28s}{build:8.1f}{key:14.1f}{run:8.1f}{whole:12.1f}{first:11.1f}", flush=True)
 
 
 if __name__ == "__main__":
