@@ -3,7 +3,8 @@ rules/opt/tensor_core.py) against torch (cuBLAS) on the same inputs.
 
   python bench/tensor_cores.py [--quick] [--only fp16_8192,gelu]
 
-Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x 8192x4096 and
+tc: the tensor-core path the product took (wgmma: Hopper's warpgroup MMA; mma: mma.sync; GRAFT_WGMMA=0 keeps
+mma.sync). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x 8192x4096 and
 W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as kernels of their own), and float32 4096^3 with
 TF32 (GRAFT_TF32=1: Graft's cuBLAS call, as generated code has no TF32 path yet, against torch with allow_tf32).
 Each figure: the median over 5 rounds of (10 calls back to back, then one device synchronize) / 10, after 3 warm-up
@@ -60,7 +61,8 @@ def main() -> None:
       t0 = time.perf_counter(); first = graft_fn(*gt).realize(); sync(); cold = time.perf_counter() - t0
       program, inputs = rr.find_program([(graft_fn(*gt).uop, args.device)])   # the cached program and its input buffers
       kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
-      tc = any("g_mma_tile" in ck.source for ck in program.kernels_called())
+      sources = [ck.source for ck in program.kernels_called()]
+      tc = "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else "-"
       g = timed(lambda: program.run(inputs), sync)
       call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)
       ref = torch_fn(*tt)
@@ -69,7 +71,7 @@ def main() -> None:
       err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
       rows.append((name, dtype, g * 1e3, call * 1e3, flops / g / 1e12, t * 1e3, flops / t / 1e12, t / g, err < tol, err, tc, cold, kernels))
     except Exception as e:   # a row that fails keeps its place, with the error
-      rows.append((name, dtype, None, None, None, None, None, None, False, repr(e)[:200], False, None, ""))
+      rows.append((name, dtype, None, None, None, None, None, None, False, repr(e)[:200], "-", None, ""))
     finally:
       for k, v in saved.items():
         if v is None: os.environ.pop(k, None)
@@ -91,12 +93,12 @@ def main() -> None:
 
   print(f"device: {torch.cuda.get_device_name() if on_gpu else args.device}  (torch {torch.__version__}; Graft GRAFT_EXTERN={os.environ['GRAFT_EXTERN']} "
         f"except the tf32 row; GRAFT_TC_TILE={os.environ.get('GRAFT_TC_TILE', '')!r})")
-  print(f"{'row':<16}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok    tc  cold s  kernels")
+  print(f"{'row':<16}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok      tc  cold s  kernels")
   for r in rows:
     name, dt, g, call, gf, t, tf, ratio, ok, err, tc, cold, kernels = r
     if g is None: print(f"{name:<16}{dt:<10} FAILED {err}"); continue
     print(f"{name:<16}{dt:<10}{g:10.3f}{call:9.3f}{gf:9.1f}{t:10.3f}{tf:9.1f}{ratio:7.2f}  {'yes' if ok else 'NO'} {err:.0e} "
-          f"{'mma' if tc else '-':>4}{cold:7.2f}  {kernels}")
+          f"{tc:>6}{cold:7.2f}  {kernels}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ initialization, seed 0; attention written out as products and a softmax in both,
   python3 bench/train.py                         # CPU size: 4 layers, 64 tokens, width 256, batch 4, 4 heads
   python3 bench/train.py --device CUDA --layers 12 --tokens 1024 --width 768 --heads 12
   python3 bench/train.py --quick                 # tiny, for the smoke test
+  python3 bench/train.py --only graft-jit,torch  # some of the rows
+
+Rows: `graft` (the step as a user writes it: the graph built and its program found on every step), `graft-jit` (the
+same step under `tensor.jit`: from the third step on, the recorded programs replay on the new token ids, writing the
+parameters and AdamW's state in place; no graph is built), `torch` (eager).
 
 Reported per framework: the first step (cold: compiles for Graft), the median of the warm steps, and memory: the
 process's peak resident memory above what it held after importing the framework (the model, its gradients, the
@@ -37,21 +42,24 @@ def token_batches(cfg: dict):
     yield ids[:, :-1], ids[:, 1:]
 
 
-def graft_worker(cfg: dict) -> dict:
-  import numpy as np
+def graft_worker(cfg: dict, use_jit: bool = False) -> dict:
+  from tensor import Tensor, jit
   from tensor.optim import AdamW
   from train_gpt import GPTLM
   base = rss_mb()
   model = GPTLM(cfg["vocab"], cfg["tokens"], cfg["layers"], cfg["width"], cfg["heads"])
   opt = AdamW(model.parameters(), lr=1e-4)
   feed = token_batches(cfg)
-  def step() -> float:
-    ids, targets = next(feed)
+  def train_step(ids: Tensor, targets: Tensor) -> Tensor:
     loss = model.loss(ids, targets)
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return loss.item()
+    return loss
+  run = jit(train_step) if use_jit else train_step   # jit: from the third step on, the recorded programs replay
+  def step() -> float:
+    ids, targets = next(feed)
+    return run(Tensor(ids), Tensor(targets)).item()
   return measure(step, cfg, base)
 
 
@@ -116,6 +124,9 @@ def measure(step, cfg: dict, base: float) -> dict:
           "last_loss": losses[-1], "mem_mb": peak_mb() - base, "peak_rss_mb": peak_mb()}
 
 
+WORKERS = {"graft": graft_worker, "graft-jit": lambda cfg: graft_worker(cfg, use_jit=True), "torch": torch_worker}
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--device", default=os.environ.get("DEVICE", "CPU"))
@@ -128,14 +139,14 @@ def main():
   ap.add_argument("--steps", type=int, default=10, help="warm steps timed (median reported)")
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--quick", action="store_true", help="1 layer, 16 tokens, width 32, vocabulary 64, 3 steps")
-  ap.add_argument("--only", choices=["graft", "torch"], default=None)
-  ap.add_argument("--worker", choices=["graft", "torch"], help=argparse.SUPPRESS)
+  ap.add_argument("--only", default=None, help="comma-separated frameworks of graft, graft-jit, torch")
+  ap.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
   ap.add_argument("--config", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
     cfg = json.loads(args.config)
     os.environ["DEVICE"] = cfg["device"]
-    report(lambda: (graft_worker if args.worker == "graft" else torch_worker)(cfg))
+    report(lambda: WORKERS[args.worker](cfg))
     return
   cfg = dict(device=args.device, layers=args.layers, tokens=args.tokens, width=args.width, heads=args.heads,
              batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
@@ -143,7 +154,8 @@ def main():
   # the root ahead of what this process was given: a child finds what the parent found (cffi carried on a GPU host)
   env = {**os.environ, "DEVICE": cfg["device"], "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
   results = {}
-  for fw in ([args.only] if args.only else ["graft", "torch"]):
+  for fw in (args.only.split(",") if args.only else list(WORKERS)):
+    if fw not in WORKERS: ap.error(f"--only: unknown framework {fw!r} (of {', '.join(WORKERS)})")
     res, err = run_isolated([sys.executable, __file__, "--worker", fw, "--config", json.dumps(cfg)], env, timeout=3600)
     results[fw] = res
     if err: print(f"  ! {fw}: {err}")
@@ -155,10 +167,11 @@ def main():
     if r is None: print(f"| {fw} | - | - | - | - | - |"); continue
     print(f"| {fw} | {r['cold_ms']:.0f} | {r['warm_ms']:.1f} | {r['first_loss']:.3f} -> {r['last_loss']:.3f} | "
           f"{r['mem_mb']:.0f} | {r['peak_rss_mb']:.0f} |")
-  g, t = results.get("graft"), results.get("torch")
-  if g and t:
-    print(f"graft speed / torch eager: {t['warm_ms'] / g['warm_ms']:.2f}x (above 1: Graft faster); "
-          f"memory graft / torch: {g['mem_mb'] / t['mem_mb']:.2f}x")
+  t = results.get("torch")
+  for fw in ("graft", "graft-jit"):
+    if (g := results.get(fw)) and t:
+      print(f"{fw} speed / torch eager: {t['warm_ms'] / g['warm_ms']:.2f}x (above 1: Graft faster); "
+            f"memory {fw} / torch: {g['mem_mb'] / t['mem_mb']:.2f}x")
 
 
 if __name__ == "__main__":

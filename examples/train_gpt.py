@@ -2,16 +2,19 @@
 
   DEVICE=CPU python examples/train_gpt.py            # 4 layers, 64 tokens, width 128, batch 8, 100 steps
   DEVICE=CPU python examples/train_gpt.py --small    # 2 layers, 32 tokens, width 64: 30 quick steps (the tests)
+  DEVICE=CPU python examples/train_gpt.py --no-jit   # every step builds its graph (the same losses, slower)
 
 The model (`GPTLM`) is examples/gpt.py's decoder with what a language model adds: a token embedding (`wte[ids]`),
 learned positions, the output projection tied to the embedding (`x @ wte.T`) and cross-entropy against the next
 token. Every step is `zero_grad()`, `backward()`, `step()` (AdamW); the step's one realize runs the forward pass, the
-backward pass and the update together. bench/train.py times one step of it against torch.
+backward pass and the update together. The step is a `jit` function of the token ids: from its third call on, its
+recorded programs replay on the new ids, updating the weights and AdamW's state in place, without building the graph.
+bench/train.py times one step of it against torch.
 """
 from __future__ import annotations
 import argparse, math, pathlib, sys, time
 import numpy as np
-from tensor import Tensor
+from tensor import Tensor, jit
 from tensor.optim import AdamW
 
 TEXT = pathlib.Path(__file__).resolve().parent.parent / "docs" / "design.md"
@@ -86,6 +89,7 @@ def main():
   ap.add_argument("--tokens", type=int, default=64)
   ap.add_argument("--width", type=int, default=128)
   ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--no-jit", action="store_true", help="build every step's graph (no jit)")
   args = ap.parse_args()
   layers, tokens, width, heads, batch = (2, 32, 64, 4, 8) if args.small else (args.layers, args.tokens, args.width, 4, args.batch)
   steps = args.steps or (30 if args.small else 100)
@@ -97,19 +101,24 @@ def main():
   print(f"{sum(p.numel() for p in model.parameters()):,} parameters; {len(data):,} bytes of {TEXT.name}; "
         f"uniform guessing would score {math.log(256):.3f}")
 
-  tty, losses, t0 = sys.stdout.isatty(), [], time.perf_counter()
-  for step in range(1, steps + 1):
-    ids, targets = next(feed)
+  def train_step(ids: Tensor, targets: Tensor) -> Tensor:
     loss = model.loss(ids, targets)
     opt.zero_grad()
     loss.backward()
     opt.step()
-    losses.append(loss.item())
+    return loss
+  if not args.no_jit: train_step = jit(train_step)
+
+  tty, losses, t0 = sys.stdout.isatty(), [], time.perf_counter()
+  for step in range(1, steps + 1):
+    ids, targets = next(feed)
+    losses.append(train_step(Tensor(ids), Tensor(targets)).item())
     line = f"step {step:4d}/{steps}  loss {losses[-1]:.4f}"
     print(("\r" if tty else "") + line, end="" if tty else "\n", flush=True)
   if tty: print()
   secs = time.perf_counter() - t0
-  print(f"{steps} steps in {secs:.1f} s ({secs / steps * 1e3:.0f} ms a step, the first compiles); "
+  print(f"{steps} steps in {secs:.1f} s ({secs / steps * 1e3:.0f} ms a step, the first compiles; jit "
+        f"{'off' if args.no_jit else 'on'}); "
         f"loss {np.mean(losses[:3]):.3f} -> {np.mean(losses[-3:]):.3f}")
   if np.mean(losses[-3:]) < np.mean(losses[:3]) - 1.0: print("ok")
 

@@ -15,6 +15,7 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
+from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -148,8 +149,10 @@ class CUDARenderer:
   def source(self, kernels: list[str]) -> str:
     """One translation unit of `kernels`. The half and bfloat16 headers and the tensor cores' prelude only where a
     kernel names what they define: parsing them is about half of nvcc's time for a small kernel (a first call)."""
-    heavy = any(_NEEDS_HEADERS.search(k) for k in kernels)
-    return "\n".join(CUDA.headers if heavy else (PRELUDE,)) + "\n\n" + "\n\n".join(kernels) + "\n"
+    # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
+    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_tile<" in k for k in kernels) else []
+    heavy = bool(wgmma) or any(_NEEDS_HEADERS.search(k) for k in kernels)
+    return "\n".join([*(CUDA.headers if heavy else (PRELUDE,)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 
 
 # a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude defines

@@ -16,6 +16,7 @@ nt*8 + 2*(lane%4) + c%2 of the warp's tile (the PTX fragment layout of m16n8k16'
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
+from .cuda_wgmma import render_wgmma
 
 PRELUDE = r"""
 __device__ __forceinline__ unsigned g_shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -129,6 +130,7 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
 
 def render_mma(ctx, m: UOp) -> str:
   s = m.arg
+  if s.wgmma: return render_wgmma(ctx, m)
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
   return f"float {ctx.names[m]}[{s.regs}];\ng_mma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"

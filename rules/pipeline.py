@@ -59,6 +59,7 @@ class Run:
   opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage (a
                               # caller may preset one: a policy)
   multiprocessors: int = 132  # a GPU's SM count, which sizes its grids (the runtime asks the driver; 132: an H100)
+  arch: str = "sm_90"         # a GPU's target, sm_XY of its compute capability (the runtime asks the driver; an H100)
   host: HostContext | None = None  # set by the runtime before the host stages run
   attention: AttentionContext | None = None  # what the attention stage fused and why not (DEBUG=2)
 
@@ -81,7 +82,7 @@ def _fuse_ctx(run: Run) -> FuseContext:
 
 
 def _tensor_core_ctx(run: Run) -> TensorCoreContext:
-  return TensorCoreContext(multiprocessors=run.multiprocessors)
+  return TensorCoreContext(multiprocessors=run.multiprocessors, arch=run.arch)
 
 
 def _host_ctx(run: Run) -> HostContext: return run.host

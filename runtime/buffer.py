@@ -10,6 +10,7 @@ import numpy as np
 
 from rewrite.dtypes import DType
 from runtime.device import canonical_name, get_device
+from runtime.capture import note_split
 
 
 def _np_dtype(dtype: DType) -> np.dtype:
@@ -39,7 +40,7 @@ def check_allocatable(device: str, shape: tuple[int, ...], dtype: DType) -> int:
 
 
 class Buffer:
-  __slots__ = ("device", "size", "dtype", "_handle", "_allocator", "__weakref__")
+  __slots__ = ("device", "size", "dtype", "_handle", "_allocator", "successor", "__weakref__")
 
   def __init__(self, device: str, size: int, dtype: DType):
     if not isinstance(dtype, DType) or dtype.itemsize == 0:
@@ -51,6 +52,7 @@ class Buffer:
     self.device, self.size, self.dtype = canonical_name(device), int(size), dtype
     self._handle = None
     self._allocator = None
+    self.successor: Buffer | None = None   # set by split_version: the Buffer that owns this one's memory since
 
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
@@ -86,14 +88,32 @@ class Buffer:
 
   def split_version(self) -> Buffer:
     """A new Buffer that takes over this one's memory, this one keeping a copy of the contents in new memory: an
-    in-place update writes the original memory while lazy graphs still read the old contents here (tensor/assign.py)."""
+    in-place update writes the original memory while lazy graphs still read the old contents here (tensor/assign.py).
+    This one's `successor` is the new one (what `current()` follows)."""
     new = Buffer(self.device, self.size, self.dtype)
+    self.successor = new
+    note_split(self, new)
     if self._handle is None or not self.size: return new
     new._handle, new._allocator = self._handle, self._allocator
     self._handle = self._allocator.alloc(self.nbytes)
-    if hasattr(self._allocator, "copy"): self._allocator.copy(self._handle, new._handle, self.nbytes)  # on the device
-    else: self._allocator.copyin(self._handle, memoryview(new.numpy()).cast("B"))
+    self._copy_from(new)
     return new
+
+  def current(self) -> Buffer:
+    """The Buffer that owns this one's original memory now: itself, or the last of its successors."""
+    b = self
+    while b.successor is not None: b = b.successor
+    return b
+
+  def copy(self) -> Buffer:
+    """A new Buffer holding a copy of the contents (a jit replay's split version: runtime/capture.py)."""
+    new = Buffer(self.device, self.size, self.dtype)
+    if self._handle is not None and self.size: new.handle; new._copy_from(self)   # noqa: B018 -- allocates
+    return new
+
+  def _copy_from(self, src: Buffer) -> None:
+    if hasattr(self._allocator, "copy"): self._allocator.copy(self._handle, src._handle, self.nbytes)  # on the device
+    else: self._allocator.copyin(self._handle, memoryview(src.numpy()).cast("B"))
 
   def _allocator_for_copy(self):
     self.handle  # noqa: B018 -- allocates, which also sets _allocator

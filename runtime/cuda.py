@@ -205,9 +205,17 @@ def nvcc_identity(nvcc: str) -> str:
   return f"{os.path.realpath(nvcc)}: {out}"
 
 
+def target_flags(source: str, arch: str) -> list[str]:
+  """nvcc's target for `source` on a GPU of `arch`: -arch=sm_XY, or for a source that uses Hopper's warpgroup MMA
+  (renderers/cuda_wgmma.py) on sm_90 the arch-specific sm_90a, the only target with wgmma (written as -gencode: with
+  nvcc 13.0, -arch=sm_90a also ran a plain sm_90 pass that rejects wgmma)."""
+  if arch == "sm_90" and "wgmma.mma_async" in source: return ["-gencode=arch=compute_90a,code=sm_90a"]
+  return [f"-arch={arch}"]
+
+
 def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> None:
   """The one compiler call: `src` (CUDA C++) into the cubin `out`. Raises CompileError with nvcc's message."""
-  run_compiler([nvcc, *NVCC_FLAGS, f"-arch={arch}", "-o", str(out), str(src)], "nvcc", src)
+  run_compiler([nvcc, *NVCC_FLAGS, *target_flags(src.read_text(), arch), "-o", str(out), str(src)], "nvcc", src)
 
 
 def _nvcc_build(arch: str) -> tuple[tuple[str, ...], Any]:

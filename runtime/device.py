@@ -65,6 +65,13 @@ def get_device(name: str) -> Device:
   return dev
 
 
+def device_arch(name: str, default: str) -> str:
+  """A GPU's target (sm_XY of its compute capability), or `default` where the device has none or cannot start here
+  (sources for a GPU render on a machine without one: Tensor.kernel_sources)."""
+  try: return getattr(get_device(name), "arch", default)
+  except RuntimeError: return default   # CUDAUnavailable: no driver here
+
+
 def renderer_of(name: str) -> Any:
   """The renderer of the device called `name`, without starting the device: sources render where it is absent."""
   module, cls = DEVICES[canonical_name(name)]

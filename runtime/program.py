@@ -107,6 +107,7 @@ class Program:
     self.ran: list[str] = []  # what DEBUG=2 says about the last run's choices
     self.devices = frozenset(ck.device for ck in self.kernels_called())  # to wait for after each run
     self.explanations: list[str] = []  # the pipeline's decisions (DEBUG=2)
+    self.key: tuple | None = None      # the plan cache's key (runtime/realize.py find_program), once cached
 
   def kernels_called(self) -> list:
     """The compiled kernel of each call (for a library call, the generated kernel it may run instead)."""

@@ -24,9 +24,9 @@ from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
 from .buffer import check_allocatable
-from .device import get_device, canonical_name, renderer_of
+from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
-from . import cache, extern, pick
+from . import cache, capture, extern, pick
 from .search import lower_planned
 from .progress import Progress, debug_level
 
@@ -77,7 +77,8 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
   run = Run(device, parallel=not device_loops, device_loops=device_loops,
-            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS)
+            multiprocessors=_multiprocessors(device, device_loops) or MULTIPROCESSORS,
+            arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
@@ -103,11 +104,6 @@ _local = threading.local()   # this thread's last program
 def last_program() -> Program | None:
   """The host program of this thread's most recent realize (None before the first)."""
   return getattr(_local, "program", None)
-
-
-def realize_count() -> int:
-  """How many realizes this thread has run (jit tells by it whether a function ran work of its own while captured)."""
-  return getattr(_local, "count", 0)
 
 
 # A warm call rebuilds its graph, over new input data as often as not: its program is found by the graph's structure
@@ -178,6 +174,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
     with viz.scope("realize") as recorded:
       program = _build(_lower(uops, list(devices), targets), params)
+    program.key = key   # (jit compares the programs of two calls by it)
     _describe(recorded, program)
     with _lock:
       if len(_plans) >= MAX_PLANS: del _plans[next(iter(_plans))]   # the oldest first
@@ -326,12 +323,12 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
-  _local.count = realize_count() + 1
   program, inputs = find_program(outputs, targets)
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")
   results = program.run(inputs, dbg)
+  capture.note_realize(program, inputs, results)
   for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
   if dbg >= 1 and program.steps:

@@ -22,7 +22,7 @@ from rules.pipeline import lower_kernel, Run, pipeline
 from rules.gpu import MULTIPROCESSORS
 from rules.opt import Opt, OptKind, Plan, OptContext, InvalidPlan, check_plan
 from .buffer import Buffer, _np_dtype
-from .device import get_device, CompileError
+from .device import get_device, device_arch, CompileError
 from . import cache
 from .progress import Progress
 
@@ -72,7 +72,8 @@ def given(plan: Plan):
 
 
 def lower_with(norm: UOp, device: str, device_loops: bool, plan: Plan | None, multiprocessors: int | None = None) -> tuple[UOp, OptContext]:
-  run = Run(device, parallel=not device_loops, device_loops=device_loops, multiprocessors=multiprocessors or MULTIPROCESSORS)
+  run = Run(device, parallel=not device_loops, device_loops=device_loops, multiprocessors=multiprocessors or MULTIPROCESSORS,
+            arch=device_arch(device, Run.arch) if device_loops else Run.arch)
   run.opt = OptContext(device_loops=device_loops, choose=given(plan) if plan is not None else None, multiprocessors=run.multiprocessors)
   return lower_kernel(norm, run), run.opt
 

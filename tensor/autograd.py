@@ -33,6 +33,11 @@ def target_node(t) -> UOp:
   return t.uop.src[0] if t.is_realized else t.uop
 
 
+def requiring() -> list:
+  """Every live tensor with requires_grad=True."""
+  return list(_requiring)
+
+
 def pending_losses() -> list:
   """Tensors backward() ran on that are still alive and lazy (taken: the list empties): an optimizer's step realizes
   them with its updates, so reading the loss afterwards costs nothing."""

@@ -10,7 +10,9 @@ index tensor is realized then, to check it, as torch checks on the CPU).
 from __future__ import annotations
 import numpy as np
 from rewrite import dtypes
+from runtime.capture import guard
 from .args import axis_of
+from .assign import is_view
 
 
 def _index_dtype(n: int):
@@ -39,11 +41,11 @@ def as_index(t, index, n: int, what: str, negative: bool = True):
     if index.device != t.device:
       raise ValueError(f"{what}: the indices live on {index.device}, the tensor on {t.device}: move them with .to()")
     if index.numel():
+      if is_view(index): index = index.contiguous()   # (its own memory: what the check reads, and its message)
       bad = ((index < lo) | (index >= n)).any()
       type(t).realize_all(index, bad)
-      if bad.item():
-        arr = index.numpy()
-        raise IndexError(f"{what}: index {arr[(arr < lo) | (arr >= n)].flat[0]} is out of bounds for an axis of size {n}")
+      guard(bad.uop.src[0].arg, index.uop.src[0].arg,    # (a jit replay checks it again: runtime/capture.py)
+            lambda arr: IndexError(f"{what}: index {arr[(arr < lo) | (arr >= n)].flat[0]} is out of bounds for an axis of size {n}"))
     index = index.cast(_index_dtype(n))  # exact: every value is in range
   return (index < 0).where(index + n, index) if negative and lo < 0 else index
 

@@ -1,49 +1,93 @@
-"""`jit`: a function of tensors whose host program is captured once and replayed, without building its graph.
+"""`jit`: a function of tensors whose work is recorded once and replayed, without building its graph.
 
   from tensor import jit
   @jit
   def forward(x): return model(x)
-  forward(x1)   # call 1: runs as usual (the graph is built, compiled, run)
-  forward(x2)   # call 2: builds the graph once more and captures its host program
-  forward(x3)   # call 3 on: the program runs on x3's memory; fn is not called at all
+  forward(x1)   # call 1: runs as usual (the graph is built, compiled, run), and what it runs is recorded
+  forward(x2)   # call 2: the same; it ran the same work as call 1, so that work is captured
+  forward(x3)   # call 3 on: the captured programs run on x3's memory; fn is not called at all
 
-What may not change between calls (the captured program is the graph of call 2, fixed):
+A training step is such a function: its updates are written in place (`assign`, an optimizer's `step()`), and a
+replay writes them again, into the same memory, on each call:
+
+  @jit
+  def train_step(ids, targets):
+    loss = model.loss(ids, targets)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+  for ids, targets in batches: loss = train_step(ids, targets)   # Tensors: new token ids each call
+
+What a call runs is a sequence of realizes (host programs, runtime/realize.py) and of old versions kept for lazy
+readers (runtime/capture.py); each Buffer they read or write is an argument's, one made earlier in the call, or one
+that exists outside the call: the function's state (weights, an optimizer's moments and step counters, the learning
+rate), bound by identity and updated in place by the replay. Each call is recorded until two calls in a row ran the
+same work (the same programs on buffers of the same roles); the second of them is captured. What a replay does:
+  - runs the recorded programs on the new arguments' memory and the state's memory (which the programs update);
+  - returns the function's results as new tensors (new memory), realized;
+  - sets the `.grad` of each tensor whose gradient the function changed to a new tensor of this call's gradient (a
+    gradient the function leaves lazy is realized by the call, so that it is there to read).
+
+What may not change between calls (the captured work is that of the capturing call, fixed):
   - Tensor arguments are matched by position, shape, dtype and device: other shapes or dtypes capture another program
     (a signature of its own, up to `MAX_CAPTURES`; past that an error says so) rather than replaying a wrong one.
     Which arguments are the same tensor is part of the signature too (f(a, a) is not f(a, b)).
   - Other arguments (ints, floats, strings, tuples of them) are part of the signature: another value is another
-    capture. Python values the function reads from elsewhere (globals, closures, attributes) are those of call 2.
-  - Tensors the function reads that are not its arguments (weights) are bound to the memory they had at call 2. To
-    change one between calls, pass it as an argument, or call `.reset()` after the change (the next two calls
-    capture again).
-  - The function must only build its result: work it runs itself (an assign, `t[...] = v`, `.numpy()`, `.item()`,
-    `.realize()`) would be skipped by a replay, so capturing such a function is a JitError.
-  - The result is a Tensor, or a tuple or list of Tensors; each replay returns new tensors (new memory).
-On a GPU the replay launches the program's kernels as CUDA graphs (runtime/replay.py): one driver call per run of
-kernels instead of one per kernel; the captured program then keeps its intermediates' memory between calls.
+    capture. Python values the function reads from elsewhere (globals, closures, attributes) are constants of its
+    programs: one that changes between calls (a learning rate as a Python float, a step count) makes two calls run
+    different programs, and after `MAX_TRIES` such pairs the call is a JitError naming the difference. Keep such
+    values in tensors updated in place (`opt.lr = x` does; Adam's bias corrections are tensors).
+  - Tensors the function reads that are not its arguments are bound to their memory: to change one between calls,
+    update it in place (`assign`), or pass it as an argument, or call `.reset()`. A tensor the function replaces
+    rather than updates (`state = state + 1`, a `.grad` accumulated across calls without `zero_grad()`, a tensor made
+    from numpy inside the function) is a different buffer on each call: also a JitError.
+  - Python work is not replayed: side effects of the function (appending to a list, counting calls) happen on
+    the recorded calls only, and reading values into Python inside it (`.numpy()`, `.item()`) is a JitError, since
+    a replay could not act on them. Lazy tensors the function stores (in attributes) are those of the capturing call.
+  - The result is a Tensor, or a tuple or list of Tensors.
+On a GPU the replay launches the programs' kernels as CUDA graphs (runtime/replay.py): one driver call per run of
+kernels instead of one per kernel; the captured programs then keep their intermediates' memory between calls.
 A jit function is called from one thread at a time (its table of captures is its own). Tensor arguments that are lazy
-are realized first; an argument that is not a Tensor, a Python scalar, string,
-None or a tuple of those is an error (it could not be compared between calls).
+are realized first; an argument that is not a Tensor, a Python scalar, string, None or a tuple of those is an error
+(it could not be compared between calls). A jit function called while another one records runs as a plain function.
 """
 from __future__ import annotations
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable
-from runtime.program import Program
+from runtime import capture
 
 MAX_CAPTURES = 16   # signatures captured per function; a function called with ever new shapes is an error past this
+MAX_TRIES = 3       # pairs of consecutive calls that may differ before a capture (work set up on a first call)
 
 
 class JitError(TypeError):
   """A jit function called in a way its captured program cannot serve (or cannot be compared)."""
 
 
+# Where a replay finds a Buffer of the recorded call: ("arg", i) the i-th tensor argument's; ("value", i) the i-th
+# made during the call (each realize's results and each kept old version, in order); ("grad", weakref to a tensor)
+# that tensor's .grad as the call finds it (a gradient accumulated across calls); ("held", Buffer) state.
+Binding = tuple
+
+
 @dataclass
-class _Capture:
-  program: Program
-  bind: list[tuple[str, Any]]       # per program parameter: ("arg", the tensor argument's number) or ("held", Buffer)
-  shape: str                        # "one", "tuple" or "list": how the result is returned
-  outputs: list[tuple[tuple[int, ...], str]]   # each output's shape and device
-  runner: Any = None                # after its first run: the program, or on a GPU its replay through CUDA graphs
+class _Realize:
+  program: Any
+  inputs: list[Binding]
+  runner: Any = None   # the program, or on a GPU its replay through CUDA graphs (made when captured)
+
+
+@dataclass
+class _Trace:
+  """What one call ran, every Buffer described by where a replay finds it."""
+  steps: list                # ("realize", _Realize), ("split", Binding): a copy of that buffer's contents, or
+                             # ("guard", flag Binding, subject Binding, error): runtime/capture.py's check, again
+  results: list[tuple]                          # (Binding, View, shape, device) per result
+  shape: str                                    # "one", "tuple" or "list": how the results are returned
+  grads: list[tuple]                            # (weakref to a tensor, its new .grad as a result tuple, or None)
+  made: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # the Buffers the call made (for messages)
 
 
 class Jit:
@@ -51,16 +95,17 @@ class Jit:
     self.fn = fn
     self.__name__ = getattr(fn, "__name__", "jit")
     self.__doc__ = getattr(fn, "__doc__", None)
-    self.seen: dict[tuple, int] = {}          # signature -> calls seen before its capture
-    self.captures: dict[tuple, _Capture] = {}
+    self.seen: dict[tuple, tuple[int, _Trace]] = {}   # signature -> (calls that differed, the latest call's trace)
+    self.captures: dict[tuple, _Trace] = {}
 
   def reset(self) -> None:
-    """Forget every capture: the next two calls run as usual, the second capturing anew."""
+    """Forget every capture: the next calls run as usual until two in a row run the same work."""
     self.seen.clear(); self.captures.clear()
 
   def __call__(self, *args, **kwargs):
     from .tensor import Tensor
     from .assign import is_view
+    if capture.active() is not None: return self.fn(*args, **kwargs)   # inside another's recording: its work
     def own(v):   # a view of another tensor's memory is passed as a copy of its own: what a capture binds is its buffer
       if isinstance(v, Tensor): return v.contiguous().realize() if is_view(v) else v
       return tuple(own(x) for x in v) if isinstance(v, tuple) else v
@@ -77,46 +122,167 @@ class Jit:
     sig = (tuple(signature_of(a) for a in args), tuple((k, signature_of(v)) for k, v in sorted(kwargs.items())))
     buffers = [t.uop.src[0].arg for t in tensors]
     sig += (tuple(next(j for j, b in enumerate(buffers) if b is buf) for buf in buffers),)  # which are the same
-    if (cap := self.captures.get(sig)) is not None: return self._replay(cap, buffers)
-    if self.seen.get(sig, 0) == 0:
-      if len(self.seen) >= MAX_CAPTURES:
-        raise JitError(f"jit {self.__name__}: called with {len(self.seen) + 1} different signatures (shapes, dtypes, "
-                       f"devices or Python values of its arguments); at most {MAX_CAPTURES} are captured. Call it with "
-                       f"fewer kinds of arguments, or call .reset()")
-      self.seen[sig] = 1
-      return self.fn(*args, **kwargs)   # call 1: as usual
-    from runtime.realize import realize_count
-    before = realize_count()
-    result = self.fn(*args, **kwargs)
-    if realize_count() != before:
-      raise JitError(f"jit {self.__name__}: the function ran work of its own while it was captured (an assign, "
-                     f"t[...] = v, .numpy(), .item() or .realize() inside it): a replay runs only the graph of its "
-                     f"result and would skip that work; return what it computes instead")
-    return self._capture(sig, result, buffers)
+    if (trace := self.captures.get(sig)) is not None: return _replay(trace, buffers)
+    if sig not in self.seen and len(self.seen) >= MAX_CAPTURES:
+      raise JitError(f"jit {self.__name__}: called with {len(self.seen) + 1} different signatures (shapes, dtypes, "
+                     f"devices or Python values of its arguments); at most {MAX_CAPTURES} are captured. Call it with "
+                     f"fewer kinds of arguments, or call .reset()")
+    result, trace = self._record(args, kwargs, buffers)
+    tries, last = self.seen.get(sig, (0, None))
+    if last is not None:
+      if (difference := _difference(last, trace)) is None:
+        del self.seen[sig]
+        self.captures[sig] = trace
+        for step in trace.steps:
+          if step[0] == "realize": step[1].runner = _runner(step[1].program)
+        return result
+      if tries + 1 >= MAX_TRIES:
+        raise JitError(f"jit {self.__name__}: {MAX_TRIES + 1} calls in a row, each ran other work than the call before "
+                       f"(the last two: {difference}), so there is nothing fixed to capture. {_ADVICE}")
+      tries += 1
+    self.seen[sig] = (tries, trace)
+    return result
 
-  def _capture(self, sig: tuple, result, buffers: list) -> Any:
+  def _record(self, args, kwargs, buffers: list) -> tuple[Any, _Trace]:
+    """Call the function, recording what it runs; its results and the gradients it changed are realized."""
     from .tensor import Tensor
-    from runtime.realize import find_program
-    shape = "one" if isinstance(result, Tensor) else "tuple" if isinstance(result, tuple) else "list" if isinstance(result, list) else None
-    outs = [result] if shape == "one" else list(result) if shape else []
-    if shape is None or not all(isinstance(t, Tensor) for t in outs):
-      raise JitError(f"jit {self.__name__}: the function must return a Tensor or a tuple or list of Tensors, not {type(result).__name__}")
-    program, params = find_program([(t.uop, t.device) for t in outs])
-    bind = [next((("arg", j) for j, b in enumerate(buffers) if b is p), ("held", p)) for p in params]
-    cap = self.captures[sig] = _Capture(program, bind, shape, [(t.shape, t.device) for t in outs])
-    return self._replay(cap, buffers)
+    from .autograd import requiring
+    def refuse(what: str):
+      raise JitError(f"jit {self.__name__}: the function reads tensor values into Python ({what}): a replay runs "
+                     f"only the recorded programs and could not act on them. Return the tensor and read it outside")
+    grads_before = {id(p): (p, p.grad) for p in requiring()}
+    with capture.recording(on_read=refuse) as rec:
+      result = self.fn(*args, **kwargs)
+      shape = "one" if isinstance(result, Tensor) else "tuple" if isinstance(result, tuple) else "list" if isinstance(result, list) else None
+      outs = [result] if shape == "one" else list(result) if shape else []
+      if shape is None or not all(isinstance(t, Tensor) for t in outs):
+        raise JitError(f"jit {self.__name__}: the function must return a Tensor or a tuple or list of Tensors, not {type(result).__name__}")
+      changed = [(p, p.grad) for p in requiring() if p.grad is not grads_before.get(id(p), (p, None))[1]]
+      Tensor.realize_all(*outs, *(g for _, g in changed if g is not None))
+    return result, _describe(rec, buffers, outs, shape, changed, grads_before)
 
-  @staticmethod
-  def _replay(cap: _Capture, buffers: list):
-    from .tensor import Tensor
-    from runtime.replay import replayer
-    realized = (cap.runner or cap.program).run([buffers[x] if kind == "arg" else x for kind, x in cap.bind])
-    if cap.runner is None: cap.runner = replayer(cap.program)   # its picks are made now
-    out = [Tensor._from_uop(u, shape, device) for u, (shape, device) in zip(realized, cap.outputs)]
-    return out[0] if cap.shape == "one" else tuple(out) if cap.shape == "tuple" else out
+
+_ADVICE = ("A Python value the function reads that changes between calls (a number, a step count) is a constant of "
+           "its programs: keep it in a tensor updated in place (t.assign(...)), or pass it as an argument; a tensor it "
+           "replaces rather than updates in place is another buffer on each call: use assign, or zero_grad() before "
+           "backward() inside the function")
+
+
+def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, changed: list, grads_before: dict) -> _Trace:
+  where: dict[int, Binding] = {}   # id(Buffer) -> its binding (the recording keeps every Buffer of it alive)
+  for j, b in enumerate(buffers): where.setdefault(id(b), ("arg", j))
+  for p, g in grads_before.values():
+    if g is not None and g.is_realized: where.setdefault(id(g.uop.src[0].arg), ("grad", weakref.ref(p)))
+  def bind(b) -> Binding: return where.get(id(b)) or ("held", b.current())
+  steps, made, n = [], weakref.WeakSet(), 0
+  for event in rec.events:
+    if event[0] == "guard":
+      steps.append(("guard", bind(event[1]), bind(event[2]), event[3]))
+      continue
+    if event[0] == "split":   # old keeps a copy (a value of the call), new goes on as the memory old was
+      _, old, new = event
+      was = bind(old)
+      steps.append(("split", was))
+      where[id(old)] = ("value", n); n += 1
+      if was[0] != "held": where[id(new)] = was
+      continue
+    _, program, inputs, results = event
+    steps.append(("realize", _Realize(program, [bind(b) for b in inputs])))
+    for i, b in enumerate(results):
+      if id(b) not in where: where[id(b)] = ("value", n + i); made.add(b)
+    n += len(results)
+  def result(t) -> tuple: return (bind(t.uop.src[0].arg), t.uop.arg, t.shape, t.device)
+  return _Trace(steps, [result(t) for t in outs], shape,
+                [(weakref.ref(p), None if g is None else result(g)) for p, g in changed], made)
+
+
+def _difference(a: _Trace, b: _Trace) -> str | None:
+  """What differs between the work of two calls (a the earlier), or None when a replay of b serves both."""
+  if [s[0] for s in a.steps] != [s[0] for s in b.steps]:
+    count = lambda t: ", ".join(f"{sum(s[0] == kind for s in t.steps)} {kind}s" for kind in ("realize", "split", "guard"))
+    return f"{count(a)} against {count(b)} (a split: an old version kept for lazy readers)"
+  for sa, sb in zip(a.steps, b.steps):
+    if sa[0] == "realize":
+      ra, rb = sa[1], sb[1]
+      if ra.program.key != rb.program.key: return _program_difference(ra.program.key, rb.program.key)
+      pairs = zip(ra.inputs, rb.inputs)
+    else: pairs = zip(sa[1:3], sb[1:3])
+    for x, y in pairs:
+      if (d := _binding_difference(x, y, a)) is not None: return d
+  for (x, vx, *kx), (y, vy, *ky) in zip(a.results, b.results):
+    if (d := _binding_difference(x, y, a)) is not None or (d := None if (vx, kx) == (vy, ky) else "a result's view") is not None: return d
+  if [(r(), g) for r, g in a.grads if r() is not None] != [(r(), g) for r, g in b.grads if r() is not None]:
+    return "the gradients it changes"
+  return None
+
+
+def _binding_difference(x: Binding, y: Binding, earlier: _Trace) -> str | None:
+  if x[0] == y[0] == "held" and x[1].current() is y[1].current(): return None
+  if x[0] != "held" and x == y: return None
+  if x[0] == y[0] == "held" and y[1] not in earlier.made:
+    return (f"where the earlier call read a {x[1].dtype.name}[{x[1].size}] tensor from outside the call, the later read "
+            f"another (a tensor made anew on each call: from numpy data inside the function, say)")
+  def what(b: Binding) -> str:
+    if b[0] == "arg": return f"its tensor argument {b[1]}"
+    if b[0] == "value": return f"tensor {b[1]} made in the call"
+    if b[0] == "grad": return "a .grad as it was before the call"
+    buf = b[1]
+    return (f"the {buf.dtype.name}[{buf.size}] tensor that the earlier call computed" if buf in earlier.made else
+            f"a {buf.dtype.name}[{buf.size}] tensor from outside the call")
+  return f"where the earlier call read {what(x)}, the later read {what(y)}"
+
+
+def _program_difference(ka: tuple, kb: tuple) -> str:
+  """The first node where two programs' keys (runtime/realize.py graph_key) differ, as words."""
+  (pa, _), (pb, _) = ka[0], kb[0]
+  for x, y in zip(pa, pb):
+    if x != y:
+      show = lambda p: f"{p[0]} {_shown(p[2])}" if p[0] != "param" else f"a {p[1].name}[{p[2]}] buffer"
+      return f"a program with {show(x)} against one with {show(y)}".replace("Ops.", "")
+  return f"programs of {len(pa)} and {len(pb)} nodes" if len(pa) != len(pb) else "programs that differ in their settings"
+
+
+def _grad_of(ref: weakref.ref):
+  """The memory of the .grad a captured call added to (it accumulates across calls); zeros where it is None now
+  (zero_grad() between calls: adding to zeros is what the function's first call after it computes)."""
+  if (p := ref()) is None:
+    raise JitError("jit: the captured call added to the .grad of a tensor that is gone: call .reset() on the function")
+  return (p.zeros_like().contiguous() if p.grad is None else p.grad).realize().uop.src[0].arg
+
+
+def _shown(arg) -> str:
+  """A node's argument as its key holds it, readable (a float constant is keyed by its exact hex form)."""
+  if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float and isinstance(arg[1], str): return repr(float.fromhex(arg[1]))
+  return repr(arg)
+
+
+def _runner(program):
+  from runtime.replay import replayer
+  return replayer(program)
+
+
+def _replay(trace: _Trace, buffers: list):
+  from .tensor import Tensor
+  from rewrite import UOp, Ops
+  values: list = []
+  def get(b: Binding):
+    kind, x = b
+    return buffers[x] if kind == "arg" else values[x] if kind == "value" else x.current() if kind == "held" else _grad_of(x)
+  for step in trace.steps:
+    if step[0] == "realize":
+      values.extend(u.src[0].arg for u in step[1].runner.run([get(b) for b in step[1].inputs]))
+    elif step[0] == "split": values.append(get(step[1]).copy())
+    else: capture.guard(get(step[1]), get(step[2]), step[3])
+  def tensor(r: tuple):
+    buf = get(r[0])
+    return Tensor._from_uop(UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), r[1]), r[2], r[3])
+  for ref, g in trace.grads:
+    if (p := ref()) is not None: p.grad = None if g is None else tensor(g)
+  out = [tensor(r) for r in trace.results]
+  return out[0] if trace.shape == "one" else tuple(out) if trace.shape == "tuple" else out
 
 
 def jit(fn: Callable) -> Jit:
-  """`fn` (a function of tensors returning a Tensor or a tuple or list of them) captured on its second call and
-  replayed from its third without building its graph; see this module's docstring for what may not change."""
+  """`fn` (a function of tensors returning a Tensor or a tuple or list of them) recorded until two calls in a row run
+  the same work, then replayed without building its graph; see this module's docstring for what may not change."""
   return Jit(fn)

@@ -4,7 +4,7 @@
 parameters, the optimizer's state, the gradients (kept realized in `.grad`, as torch keeps them) and the loss
 backward() was called on, so the forward pass, the backward pass and the update run together. The learning rate and
 the step count live in tensors, not in the graph as constants: a new learning rate or the next step reuses the
-compiled program instead of compiling another.
+compiled program instead of compiling another, and a `jit` step (tensor/jit.py) replays it, updating that state.
 """
 from __future__ import annotations
 import numpy as np
@@ -27,7 +27,6 @@ class Optimizer:
       if not p.requires_grad: p.requires_grad = True
     if lr < 0: raise ValueError(f"{type(self).__name__}: invalid learning rate {lr}")
     self._lr, self._lr_value = _scalar(lr, self.params[0]), lr   # the tensor the graphs read, the value as given
-    self.steps = 0
 
   @property
   def lr(self) -> float: return self._lr_value
@@ -45,7 +44,6 @@ class Optimizer:
     """Update every parameter that has a gradient, in one realize."""
     live = [p for p in self.params if p.grad is not None]
     if not live: raise RuntimeError(f"{type(self).__name__}.step(): no parameter has a gradient; call loss.backward() first")
-    self.steps += 1
     writes = []
     self._prepare()
     for i, p in enumerate(self.params):

@@ -24,6 +24,7 @@ from .nn import NNMixin
 from .random import RandomMixin
 from .assign import note, realized, is_view, setitem, assign, pending
 from .autograd import AutogradMixin, grad_enabled
+from runtime.capture import check_read
 
 
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -205,6 +206,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     return kernel_sources([(self.uop, self.device)], device)
 
   def numpy(self) -> np.ndarray:
+    check_read("numpy() (or .item(), .tolist())")   # (a jit function may not: runtime/capture.py)
     src = self.contiguous() if is_view(self) else self   # a view is read through a copy
     src.realize()
     buf, view = src.uop.src[0].arg, src.uop.arg
@@ -215,6 +217,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def bf16_bits(self) -> np.ndarray:
     """A bfloat16 tensor's values as their raw uint16 bits (numpy has no bfloat16)."""
     if self.dtype is not dtypes.bfloat16: raise TypeError(f"bf16_bits() of a {self.dtype.name} tensor; cast it to bfloat16 first")
+    check_read("bf16_bits()")
     src = (self.contiguous() if is_view(self) else self).realize()
     return src.uop.src[0].arg.numpy()[:self.numel()].reshape(self.shape)
   @classmethod

@@ -1,5 +1,6 @@
-"""`jit`: the second call captures the host program, later calls replay it on the new arguments' memory without
-calling the function (no graph is built); other shapes, dtypes or Python values capture apart; misuse is a clear error."""
+"""`jit`: the second call captures the host programs, later calls replay them on the new arguments' memory without
+calling the function (no graph is built); other shapes, dtypes or Python values capture apart; misuse is a clear error.
+Training steps (updates in place, gradients, optimizers) under jit: tests/test_jit_train.py."""
 import numpy as np
 import pytest
 from tensor import Tensor, jit, JitError
@@ -86,19 +87,25 @@ def test_errors_name_the_problem(monkeypatch):
   f = jit(lambda x: x + 1)
   with pytest.raises(JitError, match="argument of type ndarray cannot be compared"): f(np.ones(3))
   g = jit(lambda x: 3)
-  g(Tensor(np.ones(3, np.float32)))
   with pytest.raises(JitError, match="must return a Tensor or a tuple or list of Tensors, not int"): g(Tensor(np.ones(3, np.float32)))
-  state = Tensor(np.zeros(3, np.float32))
-  def step(x):
-    state.assign(state + x)   # runs at once: a replay would skip it
-    return state * 2
-  k = jit(step)
-  k(Tensor(np.ones(3, np.float32)))
-  with pytest.raises(JitError, match="ran work of its own while it was captured"): k(Tensor(np.ones(3, np.float32)))
+  peek = jit(lambda x: x * 2 if x.sum().item() > 0 else x)   # a Python decision on values: no replay could make it
+  with pytest.raises(JitError, match=r"reads tensor values into Python \(numpy\(\)"): peek(Tensor(np.ones(3, np.float32)))
   monkeypatch.setattr(jit_module, "MAX_CAPTURES", 2)
   h = jit(lambda x: x + 1)
   h(Tensor(np.ones(1, np.float32))); h(Tensor(np.ones(2, np.float32)))
   with pytest.raises(JitError, match="3 different signatures.*at most 2"): h(Tensor(np.ones(3, np.float32)))
+
+
+def test_updates_in_place_are_replayed_on_every_call():
+  total = Tensor(np.zeros(3, np.float32))
+  def add(x):
+    total.assign(total + x)   # state: written in place by every call, replays included
+    return total * 2
+  f = jit(add)
+  for i in range(1, 6):
+    np.testing.assert_allclose(f(Tensor(np.full(3, i, np.float32))).numpy(), np.full(3, 2 * sum(range(1, i + 1))))
+  assert len(f.captures) == 1
+  np.testing.assert_allclose(total.numpy(), np.full(3, 15))
 
 
 def test_on_a_gpu_replays_run_as_cuda_graphs_on_each_calls_memory(monkeypatch):
@@ -115,9 +122,10 @@ def test_on_a_gpu_replays_run_as_cuda_graphs_on_each_calls_memory(monkeypatch):
     outs.append(f(Tensor(x, device="CUDA")))
     np.testing.assert_allclose(outs[-1].numpy(), (np.maximum(x @ w, 0) + 1).sum(1) * 2, rtol=1e-4)
   (cap,) = f.captures.values()
-  assert isinstance(cap.runner, GraphReplay)
+  (run,) = [step[1] for step in cap.steps if step[0] == "realize"]   # one program: the result's
+  assert isinstance(run.runner, GraphReplay)
   monkeypatch.setenv("GRAFT_CUDA_GRAPH", "0")
-  assert replayer(cap.program) is cap.program   # launch by launch: what graphs save is measured against this
+  assert replayer(run.program) is run.program   # launch by launch: what graphs save is measured against this
 
 
 def test_a_program_on_the_cpu_is_its_own_replay():
@@ -125,4 +133,5 @@ def test_a_program_on_the_cpu_is_its_own_replay():
   f = jit(lambda x: x * 2 + 1)
   for i in range(3): f(Tensor(rand(4, seed=i), device="CPU"))
   (cap,) = f.captures.values()
-  assert replayer(cap.program) is cap.program and cap.runner is cap.program
+  (run,) = [step[1] for step in cap.steps if step[0] == "realize"]
+  assert replayer(run.program) is run.program and run.runner is run.program

@@ -129,6 +129,50 @@ def test_graft_tc_tile_imposes_a_tile_and_refuses_one_that_cannot_be(monkeypatch
     with pytest.raises(ValueError, match="GRAFT_TC_TILE"): cuda_text(Tensor(normal(256, 64)) @ Tensor(normal(64, 512)))
 
 
+def wgmma_programs() -> list[Tensor]:
+  """Products large enough for a WGMMA tile to give each of an H100's 132 multiprocessors a block."""
+  x, w, b = Tensor(normal(2048, 512)), Tensor(normal(512, 4096)), Tensor(normal(4096))
+  xb, wb = (Tensor(normal(*s, dtype=np.float32), dtype="bfloat16") for s in ((1024, 256), (256, 2304)))
+  return [x @ w, (x @ w + b).gelu(), x @ Tensor(normal(4096, 512)).T, xb @ wb,
+          Tensor(normal(4, 1024, 128)) @ Tensor(normal(4, 128, 1024))]
+
+
+def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
+  from renderers.cuda import renderer
+  from runtime.cuda import dynamic_shared_bytes, target_flags
+  nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
+  assert "g_wgmma_tile<half, 128, 256, 3, false, 512, 512LL, 4096LL>" in nn and "g_mma_tile" not in nn   # B along j
+  assert "g_wgmma_tile<half, 128, 256, 3, true, 512, 512LL, 512LL>" in nt                                  # B along k
+  assert "g_wgmma_tile<__nv_bfloat16, 128, 128, 3, false, 256, 256LL, 2304LL>" in bf16   # 128x256 gives 72 blocks: 128x128
+  assert "g_wgmma_tile<half, 128, 128, 3, false, 128, 128LL, 1024LL>" in batched
+  name = nn.split(" void ")[1].split("(")[0]
+  assert "__launch_bounds__(256)" in nn and dynamic_shared_bytes(nn, name) == 3 * (128 + 256) * 64 * 2 + 1024
+  regs = TileSpec("float16", 128, 256, 8, 1, 64, 3, False, 512, 512, 4096, True).regs
+  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(data0+") == regs   # the epilogue per accumulator
+  source = renderer.source([nn, bf16])
+  for needle in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+                 "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+                 "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"):
+    assert needle in source, needle
+  assert "wgmma" not in renderer.source([cuda_text(Tensor(normal(256, 128)) @ Tensor(normal(128, 256)))])  # mma.sync: no prelude
+  assert target_flags(source, "sm_90") == ["-gencode=arch=compute_90a,code=sm_90a"] and target_flags(source, "sm_80") == ["-arch=sm_80"]
+  assert target_flags(renderer.source([]), "sm_90") == ["-arch=sm_90"]
+
+
+def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
+  from rules.pipeline import Run, schedule, lower_kernel
+  from rules.realize import normalize
+  x, w = Tensor(normal(2048, 512)), Tensor(normal(512, 4096))
+  (k,) = [k for k in schedule([(x @ w).uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
+  def spec(arch):
+    (mma,) = [u for u in lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True, arch=arch)).src if u.op is Ops.MMA]
+    return mma.arg
+  assert spec("sm_90").wgmma and not spec("sm_89").wgmma and not spec("sm_100").wgmma   # sm_90a's wgmma is Hopper's alone
+  monkeypatch.setenv("GRAFT_WGMMA", "0")
+  assert not spec("sm_90").wgmma
+  assert "g_wgmma_tile" not in cuda_text(x @ w)
+
+
 def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
   from runtime import cuda
   from runtime.device import CompileError
@@ -139,13 +183,14 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
   programs = [x @ w, (x @ w + b).gelu(), (x @ w).relu() + x[:, :1], x @ Tensor(normal(512, 256)).T,
               Tensor(normal(4, 128, 64)) @ Tensor(normal(4, 64, 128)),
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
-              Tensor(normal(2048, 64)) @ Tensor(normal(64, 2048)), x.matmul(w, dtype=dtypes.float32)]
+              Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
+              *wgmma_programs()]
   kernels = list(dict.fromkeys(s for p in programs for s in p.kernel_sources(device="CUDA")))
-  assert sum("g_mma_tile<" in k for k in kernels) == len(programs)
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels)
+  assert sum("g_mma_tile<" in k or "g_wgmma_tile<" in k for k in kernels) == len(programs)
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
   src.write_text(renderer.source(kernels))
-  cuda._run_nvcc(nvcc, "sm_90", src, out)
+  cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
   assert out.stat().st_size > 0
 
 
@@ -180,7 +225,9 @@ def model_mma(spec: TileSpec):
   lambda T: (T(128, 64) @ T(64, 128) + T(128)).gelu(),       # an epilogue reading the column's bias
   lambda T: T(3, 64, 32) @ T(3, 32, 64) * 2 - T(3, 64, 1),   # a batch, and an epilogue reading the row's value
   lambda T: T(1024, 32) @ T(32, 256),                        # (4 multiprocessors:) 128x128 tiles, in groups of 8 rows
-], ids=["nn", "nt", "bias-gelu", "batch-epilogue", "grouped-blocks"])
+  lambda T: (T(256, 64) @ T(64, 512) + T(512)).relu(),       # (4 multiprocessors:) 2 x 2 blocks of 128x256 on wgmma
+  lambda T: T(2, 128, 64) @ T(2, 256, 64).transpose(-1, -2), # (4 multiprocessors:) wgmma 128x128, B along k, a batch
+], ids=["nn", "nt", "bias-gelu", "batch-epilogue", "grouped-blocks", "wgmma", "wgmma-nt-batch"])
 def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch):
   import test_gpu_stages as model   # the numpy model of a CUDA grid (tests/test_gpu_stages.py)
   from rules.pipeline import lower_kernel
@@ -198,9 +245,10 @@ def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch
     return linear
   monkeypatch.setattr(model, "lower_kernel", lower_and_model)
   monkeypatch.setitem(model.ALU, Ops.GEP, lambda vec, e: vec[..., int(e)])
-  (got,) = model.run_on_model_gpu(out, multiprocessors=4 if out.shape == (1024, 256) else 16)
+  (got,) = model.run_on_model_gpu(out, multiprocessors=4 if out.shape in ((1024, 256), (256, 512), (2, 128, 256)) else 16)
   assert specs, "no kernel ran on tensor cores"
   if out.shape == (1024, 256): assert (specs[0].bm, specs[0].bn) == (128, 128)
+  assert specs[0].wgmma == (out.shape in ((256, 512), (2, 128, 256)))
   assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
@@ -289,3 +337,27 @@ def test_a_float16_transformer_layer_on_tensor_cores_matches_the_cpus_answer(gpu
   assert sum("g_mma_tile" in src for src in on_gpu.kernel_sources()) == 4
   want = on_cpu.numpy().astype(np.float32)
   assert rel_err(on_gpu.numpy().astype(np.float32), want) < 1e-2   # float16 roundings of the same float32 sums
+
+
+@pytest.mark.parametrize("m, k, n, transposed, dtype", [
+  (2048, 512, 4096, False, "float16"), (2048, 64, 4096, False, "float16"),   # one slice of k: fewer than the stages
+  (2048, 1024, 4096, True, "float16"), (1024, 192, 2304, False, "float16"), (1024, 256, 2304, True, "bfloat16"),
+  (2048, 320, 4096, False, "bfloat16")])
+def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
+  a = normal(m, k, dtype=np.float32, seed=1)
+  w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
+  ta, tw = Tensor(a, dtype=dtype, device="CUDA"), Tensor(w, dtype=dtype, device="CUDA")
+  out = ta @ (tw.T if transposed else tw)
+  assert "g_wgmma_tile" in cuda_text(out)
+  a, w = ta.numpy().astype(np.float32), tw.numpy().astype(np.float32)   # the rounded operands
+  want = a @ (w.T if transposed else w)
+  assert rel_err(out.numpy().astype(np.float32), want) < (2e-3 if dtype == "float16" else 1e-2)   # one rounding of a float32 sum
+
+
+def test_wgmma_with_a_batch_and_an_epilogue_on_the_gpu(gpu):
+  a, w, b = normal(4, 1024, 128, seed=3), normal(4, 128, 1024, seed=4), normal(1024, seed=5)
+  out = (Tensor(a, device="CUDA") @ Tensor(w, device="CUDA") + Tensor(b, device="CUDA")).gelu()
+  assert "g_wgmma_tile" in cuda_text(out)
+  z = (a.astype(np.float32) @ w.astype(np.float32)).astype(np.float16).astype(np.float32) + b.astype(np.float32)
+  want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+  assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2, atol=2e-2)

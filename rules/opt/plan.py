@@ -34,7 +34,7 @@ class OptKind(str, Enum):
   LOCAL = "local"              # the loop's next-inner `amount` trips are the lanes of a block (its threads); axis -1:
                                # the kernel's global loops, merged, `amount` of them per block
   GROUP = "group"              # a reduction loop spread over `amount` lanes, each a partial, combined across the lanes
-  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
+  TENSOR_CORE = "tensor_core"  # a GPU's product on mma.sync or wgmma: the loop's tile (i, j) or slice (k) (rules/opt/tensor_core.py)
   def __repr__(self): return self.value
 
 

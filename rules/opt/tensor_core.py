@@ -1,7 +1,7 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
 operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` -- runs on
-`mma.sync.m16n8k16` with whatever is elementwise around it (bias, activation, residual, cast) applied to its
-accumulators before the store.
+`mma.sync.m16n8k16` (or on Hopper `wgmma.mma_async`) with whatever is elementwise around it (bias, activation,
+residual, cast) applied to its accumulators before the store.
 
 Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), k))))` whose
 only loops are its output loops and k; A's index is affine, k's coefficient 1 (each row of A contiguous along k), i's
@@ -21,6 +21,11 @@ product tile:
 - blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
   A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: i's and j's tile
   sizes and k's slice.
+
+On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
+that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
+warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
+warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
 GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Both are read
@@ -42,6 +47,12 @@ HALVES = (dtypes.float16, dtypes.bfloat16)
 # mma per 16 of k (H100, fp16 8192^3: 388 TFLOP/s; 8 warps of 64x32 gave 327, tiles of 8 warps of 64x64 with 4 slices
 # 314-318, 4 slices of 128x128 371: docs/design.md "Tensor cores and TF32")
 TILES = ((128, 128, 2, 2, 32, 3), (64, 128, 2, 2, 32, 3), (64, 64, 2, 2, 32, 3))
+# Hopper (sm_90): warpgroup MMA tiles, BK 64 (one 128-byte swizzled row), a warp per 16 rows (WM = BM/16, WN = 1:
+# warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 3 slices (128x256: 145 KiB of shared memory; 128x128: 97 KiB,
+# two blocks a multiprocessor); taken where one gives every multiprocessor a block, else the mma.sync tiles above.
+# H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events: 128x256 with 3 slices 558 / 453, with 4 559 / 427; 128x128 with 3
+# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32")
+WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
 ALIGN = 8                   # elements of 16 bytes: cp.async copies 16-byte chunks
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 
@@ -79,6 +90,7 @@ class TileSpec:
   k: int
   lda: int
   ldb: int
+  wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
   @property
   def threads(self) -> int: return self.wm * self.wn * 32
   @property
@@ -88,7 +100,8 @@ class TileSpec:
   @property
   def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
   @property
-  def shared_bytes(self) -> int: return (self.bm + self.bn) * self.bk * 2 * self.stages
+  def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
+    return (self.bm + self.bn) * self.bk * 2 * self.stages + (1024 if self.wgmma else 0)
 
 
 @dataclass
@@ -108,6 +121,7 @@ class Product:
 @dataclass
 class TensorCoreContext:
   multiprocessors: int = 132
+  arch: str = "sm_90"     # the GPU's target (runtime/cuda.py asks the driver; sm_90: an H100, whose wgmma the tiles use)
   product: Product | None = None
 
 
@@ -128,7 +142,7 @@ def _operand(x: UOp) -> UOp | None:
   return ld
 
 
-def match_product(sink: UOp, multiprocessors: int) -> Product | None:
+def match_product(sink: UOp, multiprocessors: int, arch: str = "sm_90") -> Product | None:
   if len(sink.src) != 1 or (st := sink.src[0]).op is not Ops.STORE or len(st.src) != 2: return None
   reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
   if len(reds) != 1 or (red := reds[0]).arg is not Ops.ADD or red.dtype is not dtypes.float32 or len(red.src) != 2: return None
@@ -154,10 +168,13 @@ def match_product(sink: UOp, multiprocessors: int) -> Product | None:
   if any(s % ALIGN for s in strides): return None
   size = lambda r: r.src[0].arg
   blocks = lambda t: math.prod(size(r) for r in batch) * (size(i) // t[0]) * (size(j) // t[1])
-  fits = [t for t in tiles() if size(i) % t[0] == 0 and size(j) % t[1] == 0 and size(k) % t[4] == 0]
-  if not fits: return None
-  bm, bn, wm, wn, bk, stages = next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, size(k), lda, ldb)
+  divides = lambda t: size(i) % t[0] == 0 and size(j) % t[1] == 0 and size(k) % t[4] == 0
+  wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and \
+    not os.environ.get("GRAFT_TC_TILE", "").strip() and env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products") else []
+  fits = [t for t in tiles() if divides(t)]
+  if not wgmma and not fits: return None
+  bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, size(k), lda, ldb, bool(wgmma))
   return Product(st, red, a, b, i, j, k, batch, spec)
 
 
@@ -166,7 +183,7 @@ def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
   ctx.product = None
   if sink.arg == "linear" or isinstance(sink.arg, Plan) or not env_flag("GRAFT_TC", True, "tensor cores for 16-bit products"): return
   if any(n.op in (Ops.SPECIAL, Ops.BARRIER, Ops.MMA) for n in sink.toposort): return
-  ctx.product = match_product(sink, ctx.multiprocessors)
+  ctx.product = match_product(sink, ctx.multiprocessors, ctx.arch)
 
 
 def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:

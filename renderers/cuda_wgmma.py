@@ -1,0 +1,127 @@
+"""CUDA text of a block's product tile on Hopper's warpgroup MMA (sm_90a): the `MMA` node of rules/opt/tensor_core.py
+whose TileSpec has `wgmma` set.
+
+`MMA(A, B, arg=TileSpec)` renders as a lane's accumulator array and one call of `g_wgmma_tile`, a template of the
+prelude below (added to a source only when one of its kernels calls it; runtime/cuda.py then builds the source for
+sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; warpgroup g computes rows 64g..64g+63 of
+the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
+shared memory through 64-bit matrix descriptors). The template:
+- copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
+  `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
+  128-byte row r lands at chunk c ^ (r % 8) (the tensor cores undo the XOR on the address bits), 8 rows making an
+  atom of 1024 bytes, every atom 1024-byte aligned;
+  - A (K-major: a row of A is contiguous along k): row i of the tile is row i of the slice; descriptor SBO = 1024 (the
+    next 8 rows), LBO unused; the 4 steps of 16 along k start 32 bytes apart inside the swizzled row;
+  - B along k (K-major too, a transposed weight x @ W.T): the same, a row per column j;
+  - B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
+    each block per k); SBO = 1024 (the next 8 rows of k), LBO = 64 x 128 bytes (the next block of 64 columns); the
+    steps of 16 along k start 2048 bytes apart;
+- keeps STAGES slices of shared memory, STAGES - 1 copied ahead of the one the tensor cores read: each step waits
+  for its slice, issues its 4 wgmma (k16 each) as one group, then, while they run, the copies of the slice STAGES - 1
+  further into the stage the previous step read (every warpgroup waited for that step's group before the barrier),
+  then waits for its group (`wgmma.wait_group 0`: with 1 group left in flight across the loop, ptxas 13.0 serialized
+  every wgmma, warning C7514). Each thread fences its landed copies into the async proxy (`fence.proxy.async`)
+  before the barrier, as the tensor cores read shared memory through it.
+Accumulator e of a lane (the PTX fragment layout of m64nNk16's D, which is mma.m16n8k16's C per 8 columns) holds the
+output at row 16 * (warp % 4) + lane / 4 + 8 * ((e % 4) / 2) of its warpgroup's 64 rows and column
+8 * (e / 4) + 2 * (lane % 4) + e % 2: the layout of renderers/cuda_mma.py with one m16 fragment per warp (WM = BM/16
+warps along rows, WN = 1), so rules/opt/tensor_core.py places the epilogue's stores the same way for both.
+"""
+from __future__ import annotations
+from rewrite import UOp, dtypes
+
+BK = 64          # k per slice: one 128-byte swizzled row of 16-bit elements
+WIDTHS = (128, 256)   # the n of m64nNk16 the tiles use (BN)
+
+
+def _op(ptx: str, ctype: str, n: int) -> str:
+  """One wgmma of m64n{n}k16 on a warpgroup's n/2 accumulators; TB: B is MN-major (stored along j)."""
+  regs = n // 2
+  d = ", ".join(f"%{i}" for i in range(regs))
+  outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+  return (f"template <> struct g_wgmma_op<{ctype}, {n}> {{\n"
+          f"  template <int TB> static __device__ __forceinline__ void run(float* d, unsigned long long a, unsigned long long b) {{\n"
+          f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n"\n'
+          f'                 : {outs}\n                 : "l"(a), "l"(b), "r"(1), "n"(TB));\n  }}\n}};')
+
+
+PRELUDE = "\n".join([r"""
+template <class T, int N> struct g_wgmma_op;""", *(_op(p, c, n) for p, c in (("f16", "half"), ("bf16", "__nv_bfloat16")) for n in WIDTHS), r"""
+/* a shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units), 128-byte swizzle */
+__device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+         | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+/* keeps the compiler from moving the accumulators' reads and writes across the asynchronous wgmma */
+template <int R> __device__ __forceinline__ void g_wgmma_hold(float* d) {
+#pragma unroll
+  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+/* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
+__device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B) {
+  constexpr int BK = 64, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
+  constexpr int A_BYTES = BM * BK * 2, STAGE = (BM + BN) * BK * 2;
+  static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
+  static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
+  /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
+  const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = g_dynamic_shared + (base - raw);
+  const int tid = threadIdx.x, wg = tid >> 7;
+#pragma unroll
+  for (int e = 0; e < REGS; e++) acc[e] = 0.0f;
+  auto load = [&](int stage, int k0) {
+    unsigned char* sa = smem + stage * STAGE;
+    unsigned char* sb = sa + A_BYTES;
+#pragma unroll
+    for (int t = 0; t < BM * 8 / THREADS; t++) {
+      const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
+      g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), A + row * LDA + k0 + chunk * 8);
+    }
+#pragma unroll
+    for (int t = 0; t < BN * 8 / THREADS; t++) {
+      const int c = tid + t * THREADS;
+      if (B_ALONG_K) {
+        const int row = c >> 3, chunk = c & 7;
+        g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * 8);
+      } else {
+        const int row = c / (BN / 8), chunk = c % (BN / 8);
+        g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * 8);
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load(s, s * BK);
+    g_cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    g_cp_async_wait<STAGES - 2>();   /* slice kt has landed (for this thread's copies) */
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();                 /* ... for every thread's; and every warpgroup is done with slice kt - 1 */
+    const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
+    const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
+    const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
+      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    /* while the tensor cores work: the copies of slice kt + STAGES - 1, into the stage slice kt - 1 left */
+    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+    g_cp_async_commit();
+    g_wgmma_wait<0>();
+    g_wgmma_hold<REGS>(acc);
+  }
+  g_cp_async_wait<0>();
+}
+"""])
+
+
+def render_wgmma(ctx, m: UOp) -> str:
+  s = m.arg
+  t = ctx.lang.type(getattr(dtypes, s.dtype))
+  args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
+  return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
