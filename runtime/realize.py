@@ -23,6 +23,7 @@ from rules.realize import NewBuffer, buffers_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
+from rules.opt.tensor_core import tf32_requested
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
@@ -58,8 +59,9 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
-# compiled kernels by (normalized kernel, device, pipeline version) and by (name, device); a change to the pipeline
-# (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused
+# compiled kernels by (normalized kernel, device, pipeline version, TF32 asked for) and by (name, device); a change to
+# the pipeline (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused, and GRAFT_TF32
+# (read as a float32 product is lowered) changes what a kernel compiles to
 _kernels: dict[tuple[UOp, str, int], CompiledKernel] = {}
 _by_name: dict[tuple[str, str, int], CompiledKernel] = {}
 MAX_KERNELS = 4096
@@ -155,7 +157,8 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   return find_program(outputs, targets)[0]
 
 
-SWITCHES = ("GRAFT_EXTERN", "GRAFT_SPLIT_REDUCE", "GRAFT_ATTENTION")   # extern.mode, pick.split_mode, attention.fusion_switch
+# extern.mode, pick.split_mode, attention.fusion_switch, tensor_core.tf32_requested
+SWITCHES = ("GRAFT_EXTERN", "GRAFT_SPLIT_REDUCE", "GRAFT_ATTENTION", "GRAFT_TF32")
 _environ = os.environ
 
 
@@ -222,10 +225,11 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
   calls = [call for step in host.src for call in kernel_calls(step)]
-  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, pipeline.version) not in _kernels})
+  version = (pipeline.version, tf32_requested())
+  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, version) not in _kernels})
   progress, started = Progress("compiling"), time.perf_counter()
   for norm, buffers in calls:
-    key = (norm, norm.arg, pipeline.version)
+    key = (norm, norm.arg, version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
       progress.show(f"kernel {len(new) + 1} of {todo}")
