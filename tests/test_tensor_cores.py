@@ -330,7 +330,7 @@ def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
   assert "g_mma_tile<float, 64, 64, 32, 2, 2, 3, false, 128, 128LL, 256LL>" in src
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
-  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([])
+  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([src])   # (with the kernel that uses it)
   # the same kernel again once the switch is off: not the TF32 kernel compiled for the call before
   monkeypatch.setenv("GRAFT_TF32", "0")
   assert "g_mma_tile" not in cuda_text(make())
