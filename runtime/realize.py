@@ -15,11 +15,12 @@ DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per s
 """
 from __future__ import annotations
 import contextlib, hashlib, os, threading, time
+from typing import Callable
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
 
 from rules.pipeline import schedule, Run, pipeline
-from rules.realize import NewBuffer, buffers_written
+from rules.realize import NewBuffer, buffers_written, read_before_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
@@ -219,6 +220,9 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     if b in made_here: wanted[b] = t
     else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
       kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
+  # a target written in place is read by every kernel as it was before the realize (tensor/assign.py writes in place)
+  kernels = read_before_written(kernels, {b: t[0] for b, t in wanted.items()},
+                                lambda t: run.kernelize.new_buffer(t.dtype, t.arg.size, t.arg.device))
   run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode(), grid_multiprocessors, pick.split_mode())
   host = pipeline.run(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), "host", run)
   compiled: dict[UOp, CompiledKernel] = {}
@@ -322,12 +326,16 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
   return [ck.source for ck in dict.fromkeys(plan(outputs, device).kernels_called())]
 
 
-def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
+def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None,
+            before_run: Callable[[list], list] | None = None) -> list[UOp]:
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
-  targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
+  every output reads every target as it was before the realize. `before_run(inputs) -> inputs`, once the program is
+  found and before it runs, may put other Buffers in place of its inputs (tensor/assign.py: the old contents of a
+  target kept for a lazy graph that still reads them); it may clear `outputs` and `targets`, which are not read after."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
   program, inputs = find_program(outputs, targets)
+  if before_run is not None: inputs = before_run(inputs)
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")
