@@ -82,8 +82,9 @@ class _Realize:
 @dataclass
 class _Trace:
   """What one call ran, every Buffer described by where a replay finds it."""
-  steps: list                # ("realize", _Realize), ("split", Binding): a copy of that buffer's contents, or
-                             # ("guard", flag Binding, subject Binding, error): runtime/capture.py's check, again
+  steps: list                # ("realize", _Realize); ("split", Binding, value number): a copy of that buffer's
+                             # contents (("unread",) where nothing reads it); ("guard", flag Binding, subject
+                             # Binding, error): runtime/capture.py's check, again
   results: list[tuple]                          # (Binding, View, shape, device) per result
   shape: str                                    # "one", "tuple" or "list": how the results are returned
   grads: list[tuple]                            # (weakref to a tensor, its new .grad as a result tuple, or None)
@@ -182,7 +183,7 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
     if event[0] == "split":   # old keeps a copy (a value of the call), new goes on as the memory old was
       _, old, new = event
       was = bind(old)
-      steps.append(("split", was))
+      steps.append(("split", was, n))
       where[id(old)] = ("value", n); n += 1
       if was[0] != "held": where[id(new)] = was
       continue
@@ -192,20 +193,28 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
       if id(b) not in where: where[id(b)] = ("value", n + i); made.add(b)
     n += len(results)
   def result(t) -> tuple: return (bind(t.uop.src[0].arg), t.uop.arg, t.shape, t.device)
-  return _Trace(steps, [result(t) for t in outs], shape,
-                [(weakref.ref(p), None if g is None else result(g)) for p, g in changed], made)
+  results = [result(t) for t in outs]
+  grads = [(weakref.ref(p), None if g is None else result(g)) for p, g in changed]
+  # an old version that nothing of the call reads afterwards (the program was given the memory itself: the copy was
+  # for a lazy graph outside) is not copied by a replay
+  read = lambda step: step[1].inputs if step[0] == "realize" else step[1:2] if step[0] == "split" else step[1:3]
+  used = {b[1] for step in steps for b in read(step) if b[0] == "value"}
+  used |= {r[0][1] for r in results + [g for _, g in grads if g is not None] if r[0][0] == "value"}
+  steps = [("unread",) if step[0] == "split" and step[2] not in used else step for step in steps]
+  return _Trace(steps, results, shape, grads, made)
 
 
 def _difference(a: _Trace, b: _Trace) -> str | None:
   """What differs between the work of two calls (a the earlier), or None when a replay of b serves both."""
   if [s[0] for s in a.steps] != [s[0] for s in b.steps]:
-    count = lambda t: ", ".join(f"{sum(s[0] == kind for s in t.steps)} {kind}s" for kind in ("realize", "split", "guard"))
+    count = lambda t: ", ".join(f"{sum(s[0] == kind for s in t.steps)} {kind}s" for kind in ("realize", "split", "unread", "guard"))
     return f"{count(a)} against {count(b)} (a split: an old version kept for lazy readers)"
   for sa, sb in zip(a.steps, b.steps):
     if sa[0] == "realize":
       ra, rb = sa[1], sb[1]
       if ra.program.key != rb.program.key: return _program_difference(ra.program.key, rb.program.key)
       pairs = zip(ra.inputs, rb.inputs)
+    elif sa[0] == "split": pairs = [(sa[1], sb[1])]
     else: pairs = zip(sa[1:3], sb[1:3])
     for x, y in pairs:
       if (d := _binding_difference(x, y, a)) is not None: return d
@@ -272,6 +281,7 @@ def _replay(trace: _Trace, buffers: list):
     if step[0] == "realize":
       values.extend(u.src[0].arg for u in step[1].runner.run([get(b) for b in step[1].inputs]))
     elif step[0] == "split": values.append(get(step[1]).copy())
+    elif step[0] == "unread": values.append(None)
     else: capture.guard(get(step[1]), get(step[2]), step[3])
   def tensor(r: tuple):
     buf = get(r[0])
