@@ -121,6 +121,17 @@ def test_old_contents_kept_for_a_lazy_reader_outside_the_call_are_not_copied_by_
   assert [step[0] for step in cap.steps] == ["unread", "realize", "realize"]   # no copy for a reader the replay has not
 
 
+def test_a_realized_tensor_the_function_keeps_shows_the_latest_call():
+  seen = {}
+  def f(x):
+    seen["doubled"] = (x * 2).realize()   # kept outside: a plain call would leave this call's value there
+    return x + 1
+  g = jit(f)
+  for i in range(4):
+    np.testing.assert_allclose(g(Tensor(np.full(3, i, np.float32))).numpy(), np.full(3, i + 1))
+    np.testing.assert_allclose(seen["doubled"].numpy(), np.full(3, 2 * i))
+
+
 def test_on_a_gpu_replays_run_as_cuda_graphs_on_each_calls_memory(monkeypatch):
   from runtime.replay import GraphReplay, replayer
   from runtime.cuda import CUDAUnavailable
