@@ -126,8 +126,8 @@ class Jit:
     buffers = [t.uop.src[0].arg for t in tensors]
     sig += (tuple(next(j for j, b in enumerate(buffers) if b is buf) for buf in buffers),)  # which are the same
     if (trace := self.captures.get(sig)) is not None: return _replay(trace, buffers)
-    if sig not in self.seen and len(self.seen) >= MAX_CAPTURES:
-      raise JitError(f"jit {self.__name__}: called with {len(self.seen) + 1} different signatures (shapes, dtypes, "
+    if sig not in self.seen and (known := len(self.seen) + len(self.captures)) >= MAX_CAPTURES:
+      raise JitError(f"jit {self.__name__}: called with {known + 1} different signatures (shapes, dtypes, "
                      f"devices or Python values of its arguments); at most {MAX_CAPTURES} are captured. Call it with "
                      f"fewer kinds of arguments, or call .reset()")
     result, trace = self._record(args, kwargs, buffers)

@@ -92,7 +92,8 @@ def test_errors_name_the_problem(monkeypatch):
   with pytest.raises(JitError, match=r"reads tensor values into Python \(numpy\(\)"): peek(Tensor(np.ones(3, np.float32)))
   monkeypatch.setattr(jit_module, "MAX_CAPTURES", 2)
   h = jit(lambda x: x + 1)
-  h(Tensor(np.ones(1, np.float32))); h(Tensor(np.ones(2, np.float32)))
+  for _ in range(3): h(Tensor(np.ones(1, np.float32)))   # captured
+  h(Tensor(np.ones(2, np.float32)))                      # recorded
   with pytest.raises(JitError, match="3 different signatures.*at most 2"): h(Tensor(np.ones(3, np.float32)))
 
 
