@@ -4,9 +4,11 @@ rules/opt/tensor_core.py) against torch (cuBLAS) on the same inputs.
   python bench/tensor_cores.py [--quick] [--only fp16_8192,gelu]
 
 tc: the tensor-core path the product took (wgmma: Hopper's warpgroup MMA; mma: mma.sync; GRAFT_WGMMA=0 keeps
-mma.sync). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x 8192x4096 and
-W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as kernels of their own), and float32 4096^3 with
-TF32 (GRAFT_TF32=1: Graft's cuBLAS call, as generated code has no TF32 path yet, against torch with allow_tf32).
+mma.sync). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x
+8192x4096 and W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as kernels of their own), float32
+4096^3 with TF32 (GRAFT_TF32=1: Graft's generated mma.sync TF32 kernel, and Graft's cuBLAS call, against torch with
+allow_tf32), and the convolution 32x128x56x56, 128 filters of 3x3, padding 1 (Graft: the padded copy, then the
+implicit product) against cuDNN: fp32 strict (torch's cudnn.allow_tf32 off), fp32 with TF32 on both sides, fp16.
 Each figure: the median over 5 rounds of (10 calls back to back, then one device synchronize) / 10, after 3 warm-up
 calls; Graft's call replays its compiled program (no graph rebuilt; `call ms` beside it rebuilds the graph each call,
 as a user's loop does). ok: Graft's result against torch's within the dtype's tolerance.
@@ -84,20 +86,30 @@ def main() -> None:
   gelu_t = lambda x, w, b: torch.nn.functional.gelu(x @ w + b, approximate="tanh")
   run("gelu", [(big, mid), (mid, mid), (mid,)], "float16", lambda x, w, b: (x @ w + b).gelu(), gelu_t, 2 * big * mid * mid, 1e-2)
 
-  def tf32_torch(a, b):
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try: return a @ b
-    finally: torch.backends.cuda.matmul.allow_tf32 = False
-  run(f"tf32_{mid}", [(mid, mid), (mid, mid)], "float32", mm, tf32_torch, 2 * mid ** 3, 1e-2, env={"GRAFT_TF32": "1", "GRAFT_EXTERN": "1"})
+  def tf32(fn):
+    def with_tf32(*a):
+      torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+      try: return fn(*a)
+      finally: torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    return with_tf32
+  torch.backends.cudnn.allow_tf32 = False   # (torch's default is on for convolutions)
+  run(f"tf32_{mid}", [(mid, mid), (mid, mid)], "float32", mm, tf32(mm), 2 * mid ** 3, 1e-2, env={"GRAFT_TF32": "1"})
+  run(f"tf32_{mid}_cublas", [(mid, mid), (mid, mid)], "float32", mm, tf32(mm), 2 * mid ** 3, 1e-2, env={"GRAFT_TF32": "1", "GRAFT_EXTERN": "1"})
   run(f"fp32_{mid}_strict", [(mid, mid), (mid, mid)], "float32", mm, mm, 2 * mid ** 3, 1e-4)
+  n, c, hw = (2, 32, 8) if args.quick else (32, 128, 56)
+  conv_g, conv_t = lambda x, w: x.conv2d(w, padding=1), lambda x, w: torch.nn.functional.conv2d(x, w, padding=1)
+  conv_shapes, conv_flops = [(n, c, hw, hw), (c, c, 3, 3)], 2 * n * c * hw * hw * c * 9
+  run("conv_fp32_strict", conv_shapes, "float32", conv_g, conv_t, conv_flops, 1e-4)
+  run("conv_tf32", conv_shapes, "float32", conv_g, tf32(conv_t), conv_flops, 1e-2, env={"GRAFT_TF32": "1"})
+  run("conv_fp16", conv_shapes, "float16", conv_g, conv_t, conv_flops, 1e-2)
 
   print(f"device: {torch.cuda.get_device_name() if on_gpu else args.device}  (torch {torch.__version__}; Graft GRAFT_EXTERN={os.environ['GRAFT_EXTERN']} "
-        f"except the tf32 row; GRAFT_TC_TILE={os.environ.get('GRAFT_TC_TILE', '')!r})")
-  print(f"{'row':<16}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok      tc  cold s  kernels")
+        f"except the tf32_cublas row; GRAFT_TC_TILE={os.environ.get('GRAFT_TC_TILE', '')!r})")
+  print(f"{'row':<18}{'dtype':<10}{'graft ms':>10}{'call ms':>9}{'TFLOP/s':>9}{'torch ms':>10}{'TFLOP/s':>9}{'ratio':>7}  ok      tc  cold s  kernels")
   for r in rows:
     name, dt, g, call, gf, t, tf, ratio, ok, err, tc, cold, kernels = r
-    if g is None: print(f"{name:<16}{dt:<10} FAILED {err}"); continue
-    print(f"{name:<16}{dt:<10}{g:10.3f}{call:9.3f}{gf:9.1f}{t:10.3f}{tf:9.1f}{ratio:7.2f}  {'yes' if ok else 'NO'} {err:.0e} "
+    if g is None: print(f"{name:<18}{dt:<10} FAILED {err}"); continue
+    print(f"{name:<18}{dt:<10}{g:10.3f}{call:9.3f}{gf:9.1f}{t:10.3f}{tf:9.1f}{ratio:7.2f}  {'yes' if ok else 'NO'} {err:.0e} "
           f"{tc:>6}{cold:7.2f}  {kernels}")
 
 

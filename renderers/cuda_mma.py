@@ -44,76 +44,140 @@ template <> struct g_mma_op<__nv_bfloat16> {
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
-/* element offset of 16-byte chunk `chunk` of row `row` in a tile of rows of W 16-bit elements: the chunk index is
-   XORed with row bits so that 8 consecutive rows' same chunk fall in 8 different 16-byte bank groups */
-template <int W> __device__ __forceinline__ int g_swizzle(int row, int chunk) {
-  constexpr int CHUNKS = W / 8;
-  const int x = CHUNKS >= 8 ? (row & 7) : CHUNKS == 4 ? ((row >> 1) & 3) : CHUNKS == 2 ? ((row >> 2) & 1) : 0;
-  return row * W + ((chunk ^ x) << 3);
+/* float32 operands as TF32 (GRAFT_TF32=1): the float's own bits, of which the tensor core reads the sign, the exponent
+   and the top 10 bits of the mantissa (the 13 below are dropped: truncation, as cuBLAS's and torch's TF32 mode does) */
+template <> struct g_mma_op<float> {
+  static __device__ __forceinline__ void run(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+/* element offset of 16-byte chunk `chunk` of row `row` in a tile of rows of W elements of T: the chunk index is XORed
+   with row bits so that 8 consecutive rows' same chunk fall in 8 different 16-byte bank groups (for ldmatrix); ROWS4
+   (a float32 B stored along j, read one float per lane: 4 rows of k by 8 columns) XORs 2x(row mod 4) instead, so that
+   those 4 rows' 8 columns fall in 32 different banks */
+template <class T, int W, bool ROWS4 = false> __device__ __forceinline__ int g_swizzle(int row, int chunk) {
+  constexpr int E = 16 / sizeof(T), CHUNKS = W / E;
+  static_assert(!ROWS4 || CHUNKS >= 8, "rows of 8 chunks at least");
+  const int x = ROWS4 ? ((row & 3) << 1) : CHUNKS >= 8 ? (row & 7) : CHUNKS == 4 ? ((row >> 1) & 3) : CHUNKS == 2 ? ((row >> 2) & 1) : 0;
+  return row * W + (chunk ^ x) * E;
 }
+/* one element of a gathered tile: a float by a 4-byte cp.async (it lands with the slice's other copies); a 16-bit one
+   (no cp.async that small) by a load and a store */
+__device__ __forceinline__ void g_copy1(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(g_shared_address(dst)), "l"(src));
+}
+template <class T> __device__ __forceinline__ void g_copy1(T* dst, const T* src) { *dst = *src; }
 /* the block's shared tiles: dynamic shared memory, as a tile may pass the 48 KiB of static shared memory (the kernel
    declares its size with G_SHARED(bytes): runtime/cuda.py reads it, raises the function's limit and launches with it) */
 #define G_SHARED(bytes)
 extern __shared__ __align__(128) unsigned char g_dynamic_shared[];
+/* A's rows LDA apart, each contiguous along k (a matrix) */
+struct g_matrix {};
+/* A gathered (a convolution's windows): element (row, k) at A + rows(row0 + row) + ks(k) */
+template <class Rows, class Ks> struct g_gather { long long row0; Rows rows; Ks ks; };
+template <class G> struct g_is_matrix { static constexpr bool value = false; };
+template <> struct g_is_matrix<g_matrix> { static constexpr bool value = true; };
 /* one block's BM x BN product tile: acc[(mt * NT + nt) * 4 + c] of each lane (see renderers/cuda_mma.py) */
-template <class T, int BM, int BN, int BK, int WM, int WN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
-__device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B) {
+template <class T, int BM, int BN, int BK, int WM, int WN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
+__device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
   constexpr int THREADS = WM * WN * 32, MT = BM / WM / 16, NT = BN / WN / 8, KT = K / BK;
-  static_assert(K % BK == 0 && BK % 16 == 0 && NT % 2 == 0 && MT >= 1, "tile sizes");
-  static_assert((BM * BK / 8) % THREADS == 0 && (BN * BK / 8) % THREADS == 0, "a tile is copied in whole turns");
+  constexpr int E = 16 / sizeof(T), KS = 32 / sizeof(T);   /* elements of a 16-byte chunk; k of one mma (16, or 8 for TF32) */
+  constexpr bool MATRIX = g_is_matrix<G>::value, ROWS4 = sizeof(T) == 4 && !B_ALONG_K;
+  static_assert(K % BK == 0 && BK % KS == 0 && NT % 2 == 0 && MT >= 1, "tile sizes");
+  static_assert((BM * BK / E) % THREADS == 0 && (BN * BK / E) % THREADS == 0, "a tile is copied in whole turns");
+  static_assert(MATRIX || BM % THREADS == 0 || THREADS % BM == 0, "a gathered tile's rows are spread evenly over the lanes");
   T (*sa)[BM * BK] = reinterpret_cast<T (*)[BM * BK]>(g_dynamic_shared);
   T (*sb)[BN * BK] = reinterpret_cast<T (*)[BN * BK]>(g_dynamic_shared + STAGES * BM * BK * sizeof(T));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
+  /* a gathered A: each lane copies rows tid % BM (+ THREADS, ...) at k tid / BM (+ THREADS / BM, ...) of a slice; its
+     rows' offsets are computed once, the k offsets once per block into a table after the tiles */
+  constexpr int RPT = BM >= THREADS ? BM / THREADS : 1, KSTEP = THREADS >= BM ? THREADS / BM : 1;
+  long long roff[RPT];
+  int* koff = reinterpret_cast<int*>(g_dynamic_shared + STAGES * (BM + BN) * BK * sizeof(T));
+  if constexpr (!MATRIX) {
+#pragma unroll
+    for (int j = 0; j < RPT; j++) roff[j] = gather.rows(gather.row0 + tid % BM + j * THREADS);
+    for (int k = tid; k < K; k += THREADS) koff[k] = gather.ks(k);
+    __syncthreads();
+  }
 #pragma unroll
   for (int e = 0; e < MT * NT * 4; e++) acc[e] = 0.0f;
-  auto load = [&](int stage, int k0) {
+  /* 16-bit gathered elements go through registers: a slice's loads are issued before the math on the slice before
+     it and stored to shared memory after that math, so their latency hides behind it (no cp.async that small) */
+  constexpr bool HELD = !MATRIX && sizeof(T) != 4;
+  T held[HELD ? BK / KSTEP * RPT : 1];
+  auto gather_a = [&](int stage, int k0, int mode) {   /* mode 0: copy (cp.async for floats), 1: load, 2: store */
 #pragma unroll
-    for (int t = 0; t < BM * BK / 8 / THREADS; t++) {
-      const int c = tid + t * THREADS, row = c / (BK / 8), chunk = c % (BK / 8);
-      g_cp_async16(&sa[stage][g_swizzle<BK>(row, chunk)], A + row * LDA + k0 + chunk * 8);
+    for (int t = 0; t < BK / KSTEP; t++) {
+      const int q = tid / BM + t * KSTEP;
+#pragma unroll
+      for (int j = 0; j < RPT; j++) {
+        T* dst = &sa[stage][g_swizzle<T, BK>(tid % BM + j * THREADS, q / E) + q % E];
+        if (mode == 0) g_copy1(dst, A + roff[j] + koff[k0 + q]);
+        else if (mode == 1) held[t * RPT + j] = A[roff[j] + koff[k0 + q]];
+        else *dst = held[t * RPT + j];
+      }
     }
+  };
+  auto load = [&](int stage, int k0, bool defer) {   /* defer: a gathered 16-bit A is only loaded (see HELD) */
+    if constexpr (MATRIX) {
 #pragma unroll
-    for (int t = 0; t < BN * BK / 8 / THREADS; t++) {
+      for (int t = 0; t < BM * BK / E / THREADS; t++) {
+        const int c = tid + t * THREADS, row = c / (BK / E), chunk = c % (BK / E);
+        g_cp_async16(&sa[stage][g_swizzle<T, BK>(row, chunk)], A + row * LDA + k0 + chunk * E);
+      }
+    } else gather_a(stage, k0, HELD && defer ? 1 : 0);
+#pragma unroll
+    for (int t = 0; t < BN * BK / E / THREADS; t++) {
       const int c = tid + t * THREADS;
       if (B_ALONG_K) {
-        const int row = c / (BK / 8), chunk = c % (BK / 8);
-        g_cp_async16(&sb[stage][g_swizzle<BK>(row, chunk)], B + row * LDB + k0 + chunk * 8);
+        const int row = c / (BK / E), chunk = c % (BK / E);
+        g_cp_async16(&sb[stage][g_swizzle<T, BK>(row, chunk)], B + row * LDB + k0 + chunk * E);
       } else {
-        const int row = c / (BN / 8), chunk = c % (BN / 8);
-        g_cp_async16(&sb[stage][g_swizzle<BN>(row, chunk)], B + (k0 + row) * LDB + chunk * 8);
+        const int row = c / (BN / E), chunk = c % (BN / E);
+        g_cp_async16(&sb[stage][g_swizzle<T, BN, ROWS4>(row, chunk)], B + (k0 + row) * LDB + chunk * E);
       }
     }
   };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (s < KT) load(s, s * BK);
+    if (s < KT) load(s, s * BK, false);
     g_cp_async_commit();
   }
   for (int kt = 0; kt < KT; kt++) {
     g_cp_async_wait<STAGES - 2>();   /* slice kt has landed (for this thread) */
     __syncthreads();                 /* ... for every thread; and every warp is done with slice kt - 1's stage */
-    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+    const bool next = kt + STAGES - 1 < KT;
+    if (next) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK, true);
     g_cp_async_commit();
     const T* ta = sa[kt % STAGES];
     const T* tb = sb[kt % STAGES];
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
+    for (int kk = 0; kk < BK; kk += KS) {
       unsigned af[MT][4], bf[NT][2];
+      /* ldmatrix's 8x8 matrices of 16-bit elements are, for floats, 8x4 matrices of floats: TF32's fragments */
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         const int row = wm * (BM / WM) + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        g_ldmatrix4<false>(af[mt], &ta[g_swizzle<BK>(row, (kk >> 3) + (lane >> 4))]);
+        g_ldmatrix4<false>(af[mt], &ta[g_swizzle<T, BK>(row, kk / E + (lane >> 4))]);
       }
 #pragma unroll
       for (int nt = 0; nt < NT; nt += 2) {
         unsigned r[4];
         if (B_ALONG_K) {
           const int n = wn * (BN / WN) + nt * 8 + (lane & 7) + (lane >> 4) * 8;
-          g_ldmatrix4<false>(r, &tb[g_swizzle<BK>(n, (kk >> 3) + ((lane >> 3) & 1))]);
+          g_ldmatrix4<false>(r, &tb[g_swizzle<T, BK>(n, kk / E + ((lane >> 3) & 1))]);
+        } else if constexpr (sizeof(T) == 4) {   /* no transposing ldmatrix for 32-bit elements: a float per register */
+          const int n = wn * (BN / WN) + nt * 8 + (lane >> 2), k = kk + (lane & 3);
+          r[0] = __float_as_uint(tb[g_swizzle<T, BN, true>(k, n / E) + n % E]);
+          r[1] = __float_as_uint(tb[g_swizzle<T, BN, true>(k + 4, n / E) + n % E]);
+          r[2] = __float_as_uint(tb[g_swizzle<T, BN, true>(k, n / E + 2) + n % E]);
+          r[3] = __float_as_uint(tb[g_swizzle<T, BN, true>(k + 4, n / E + 2) + n % E]);
         } else {
           const int k = kk + (lane & 7) + ((lane >> 3) & 1) * 8;
-          g_ldmatrix4<true>(r, &tb[g_swizzle<BN>(k, ((wn * (BN / WN) + nt * 8) >> 3) + (lane >> 4))]);
+          g_ldmatrix4<true>(r, &tb[g_swizzle<T, BN>(k, ((wn * (BN / WN) + nt * 8) >> 3) + (lane >> 4))]);
         }
         bf[nt][0] = r[0]; bf[nt][1] = r[1]; bf[nt + 1][0] = r[2]; bf[nt + 1][1] = r[3];
       }
@@ -122,10 +186,22 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) g_mma_op<T>::run(&acc[(mt * NT + nt) * 4], af[mt], bf[nt][0], bf[nt][1]);
     }
+    if constexpr (HELD) if (next) gather_a((kt + STAGES - 1) % STAGES, 0, 2);
   }
   g_cp_async_wait<0>();
 }
 """
+
+
+def flat_offset(var: str, dims) -> str:
+  """C text of the offset of flat index `var` running through loops `dims` ((size, stride), outermost first)."""
+  terms, inner = [], 1
+  for n, (size, stride) in enumerate(reversed(dims)):
+    at = var if inner == 1 else f"{var} / {inner}"
+    if n < len(dims) - 1: at = f"({at}) % {size}"
+    if stride: terms.append(f"({at}) * {stride}LL")
+    inner *= size
+  return " + ".join(terms) or "0"
 
 
 def render_mma(ctx, m: UOp) -> str:
@@ -133,7 +209,12 @@ def render_mma(ctx, m: UOp) -> str:
   if s.wgmma: return render_wgmma(ctx, m)
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
-  return f"float {ctx.names[m]}[{s.regs}];\ng_mma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
+  acc, a, b = ctx.names[m], ctx[m.src[0]], ctx[m.src[1]]
+  if s.gather is None: return f"float {acc}[{s.regs}];\ng_mma_tile<{args}>({acc}, {a}, {b});"
+  rows = f"[](long long r) -> long long {{ return {flat_offset('r', s.gather.rows)}; }}"
+  ks = f"[](int k) -> int {{ return {flat_offset('k', s.gather.ks)}; }}"
+  return (f"float {acc}[{s.regs}];\nauto {acc}_rows = {rows};\nauto {acc}_ks = {ks};\n"
+          f"g_mma_tile<{args}>({acc}, {a}, {b}, g_gather<decltype({acc}_rows), decltype({acc}_ks)>{{{ctx[m.src[2]]}, {acc}_rows, {acc}_ks}});")
 
 
 def shared_bytes(linear: UOp) -> int:

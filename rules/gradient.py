@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib, math
 from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each, substitute
 from .shapes import shape_of
-from .realize import holds_reduction
+from .realize import holds_reduction, expands
 from .strided_view import View, contiguous_strides
 
 LN_2 = math.log(2)
@@ -53,16 +53,17 @@ def pad(u: UOp, padding) -> UOp: return u if not any(b or a for b, a in padding)
 def shrink(u: UOp, bounds) -> UOp: return move(u, lambda v: v.shrink(tuple(bounds)))
 
 
-def sum_axes(u: UOp, axes) -> UOp:
-  """u summed over `axes`, which are dropped. The summed axes are moved last and merged: a product of two views
-  summed that way (the gradient of a matmul's operand: a contraction of two stored operands) is a matrix product
-  over one axis, the form a library gemm takes, and it is stored by a kernel of its own."""
+def sum_axes(u: UOp, axes, kept: list[int] | None = None) -> UOp:
+  """u summed over `axes`, which are dropped; the other axes stay in their order, or in the order `kept` lists them.
+  The summed axes are moved last and merged: a product of two views summed that way (the gradient of a matmul's
+  operand: a contraction of two stored operands) is a matrix product over one axis, the form a library gemm takes,
+  and it is stored by a kernel of its own, in the order of `kept`."""
   shape = shape_of(u)
   axes = sorted(set(axes))
-  if not axes: return u
-  kept = [d for d in range(len(shape)) if d not in axes]
+  if not axes: return u if kept is None else permute(u, kept)
+  kept = [d for d in range(len(shape)) if d not in axes] if kept is None else list(kept)
   out_shape = tuple(shape[d] for d in kept)
-  if all(shape[d] == 1 for d in axes): return reshape(u, out_shape)
+  if all(shape[d] == 1 for d in axes): return reshape(permute(u, kept + axes), out_shape)
   order, merged = kept + axes, (*out_shape, math.prod(shape[d] for d in axes))
   if u.op is Ops.MUL and all(s.op is Ops.VIEW for s in u.src):   # moved in its operands: they stay single views
     moved = u.replace(src=tuple(reshape(permute(s, order), merged) for s in u.src))
@@ -91,7 +92,11 @@ def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
   if view.mask is not None:
     g, view = shrink(g, view.mask), view.shrink(view.mask)
   zero = [d for d, st in enumerate(view.strides) if st == 0]
-  g = sum_axes(g, zero)
+  # the other axes in the order they lie in the source's memory (largest stride first): a summed gradient (a weight's,
+  # read by a product through a transpose) is stored in the source's layout, and what reads it (an optimizer's update)
+  # reads it in order, not transposed with a stride per element
+  keep = sorted((d for d, st in enumerate(view.strides) if st != 0), key=lambda d: -abs(view.strides[d]))
+  if zero: g, view = sum_axes(g, zero, keep), view.permute(tuple(keep + zero))
   keep = [d for d, st in enumerate(view.strides) if st != 0]
   shape, strides, offset = [view.shape[d] for d in keep], [view.strides[d] for d in keep], view.offset
   neg = [i for i, st in enumerate(strides) if st < 0]
@@ -102,10 +107,22 @@ def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
   shape, strides = [shape[i] for i in order], [strides[i] for i in order]
   if offset == 0 and math.prod(shape) == n and tuple(strides) == contiguous_strides(tuple(shape)):
     return reshape(g, src_shape)   # a read of the whole source in some order (a reshape, a permutation): laid out now
-  g, length = reshape(g, (*shape, 1)), 1
+  # g: (*shape[:d + 1], *block) before axis d is laid out; the block holds the source's positions base + [0, its size)
+  g, block, base = reshape(g, (*shape, 1)), (1,), offset
   for d in reversed(range(len(shape))):
     s, st, outer = shape[d], strides[d], tuple(shape[:d])
-    nd = len(outer)
+    nd, length = len(outer), math.prod(block)
+    at = base % st
+    if st == length:  # rows that meet: the axis joins the block as a dimension of its own (no index arithmetic)
+      block = (s, *block)
+      continue
+    g = reshape(g, (*outer, s, length))   # (the block as one dimension)
+    if st > length and at + length <= st and base - at + s * st <= n:
+      # rows apart, each padded to the stride with the block at its place in it: the axis and the row stay two
+      # dimensions (a q, k or v read out of a (B, T, 3*W) projection: its gradient is a pad of the last axis)
+      g = pad(g, ((0, 0),) * (nd + 1) + ((at, st - length - at),))
+      block, base = (s, st), base - at
+      continue
     if st >= length:  # rows apart: pad each to the stride, join them
       g = pad(g, ((0, 0),) * (nd + 1) + ((0, st - length),))
       g = reshape(g, (*outer, s * st))
@@ -116,8 +133,10 @@ def unview(g: UOp, view: View, src_shape: tuple[int, ...]) -> UOp:
       g = reshape(g, (*outer, s * (total + st)))
       g = shrink(g, tuple((0, x) for x in outer) + ((0, s * total),))
       g = sum_axes(reshape(g, (*outer, s, total)), [nd])
-    length = (s - 1) * st + length
-  g = pad(g, ((offset, n - offset - length),))
+    block = ((s - 1) * st + length,)
+  length = math.prod(block)
+  if base == 0 and length == n: return reshape(g, src_shape)
+  g = pad(reshape(g, (length,)), ((base, n - base - length),))
   return reshape(g, src_shape)
 
 
@@ -222,6 +241,10 @@ def _contraction_grad(ctx: UOp, node: UOp, m: UOp):
     return {x: g * _stored_view(y), y: g * _stored_view(x)}
   c, x, zero = m.src   # WHERE(c, x, 0): the one-hot pick; its gradient is the one-hot (stored as 0/1) times g
   if not (zero.op is Ops.VIEW and zero.src[0].op is Ops.CONST and zero.src[0].arg == 0): return None
+  if not (x.op is Ops.VIEW and expands(x.arg)):
+    # x is not broadcast (a gather's, cross-entropy's pick of one logit per row): its gradient is elementwise, the
+    # incoming gradient where the pick hit; no product follows, so nothing is stored
+    return {x: c.where(expand(ctx, shape_of(m)), const_like(m, 0.0))}
   # the one-hot as 0/1 in x's dtype, stored at its own shape (c is usually a broadcast of a smaller comparison)
   src, view = (c.src[0], c.arg) if c.op is Ops.VIEW else (c, None)
   hits = _stored(src.where(const_like(src, 1.0, x.dtype), const_like(src, 0.0, x.dtype)))

@@ -110,31 +110,37 @@ def is_intermediate(ctx: HostContext, b: UOp) -> bool:
 
 
 # ---- stage host: kernels become calls ----
-def _reads_only_where_it_writes(k: UOp, target: UOp, view: View) -> bool:
-  """Every read of `target` in kernel k is of the element the store writes at the same index: an elementwise use of
-  VIEW(target, view). Then each element is read before it is written, by the same iteration."""
+def _reads_only_where_it_writes(k: UOp, st: UOp, target: UOp, view: View) -> bool:
+  """Every read of `target` in kernel k is of the element store `st` writes at the same index: an elementwise use of
+  VIEW(target, view), one that st's own value makes (the other stores of a kernel of several may use it too: it is
+  one load). Then each element is read before it is written, by the same iteration: st's value needs the load."""
+  own = set(st.src[1].toposort)
   for n in k.toposort:
     for s in n.src:
-      if s.op is Ops.VIEW and s.src[0] is target and (s.arg != view or (n.op not in GroupOp.Elementwise and n.op is not Ops.STORE)):
+      if s.op is Ops.VIEW and s.src[0] is target and (s.arg != view or s not in own or
+                                                      (n.op not in GroupOp.Elementwise and n.op is not Ops.STORE)):
         return False
       if s is target and n.op is not Ops.VIEW: return False
   return True
 
 
 def store_into_assigned_buffer(ctx: HostContext, k: UOp) -> UOp | None:
-  """An output an assignment wants in an existing buffer: stored there directly when safe, else copied there."""
+  """Each output an assignment wants in an existing buffer: stored there directly when safe, else computed aside and
+  copied there after the kernel (every store of a kernel of several outputs at once: the kernel runs once)."""
+  stores, copies = list(k.src), []
   for i, st in enumerate(k.src):
     if (t := ctx.targets.get(st.src[0].src[0])) is None: continue
     target, view = t
-    if _reads_only_where_it_writes(k, target, view):
-      direct = st.replace(src=(UOp(Ops.VIEW, st.src[0].dtype, (target,), view), st.src[1]))
-      return k.replace(src=k.src[:i] + (direct,) + k.src[i + 1:])
-    # the kernel reads the target elsewhere (a[::-1], a reduction over it): write a new buffer first, then copy
+    if _reads_only_where_it_writes(k, st, target, view):
+      stores[i] = st.replace(src=(UOp(Ops.VIEW, st.src[0].dtype, (target,), view), st.src[1]))
+      continue
+    # the kernel reads the target elsewhere (a[::-1], a reduction over it, another output's value): write a new
+    # buffer first, then copy
     done = st.src[0].src[0]
     ctx.returned = ctx.returned - {done}
-    copy = UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, done.dtype, (target,), view), st.src[0])),), arg=k.arg)
-    return UOp(Ops.SINK, src=(call_kernel(ctx, k), copy))
-  return None
+    copies.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, done.dtype, (target,), view), st.src[0])),), arg=k.arg))
+  if not copies: return k.replace(src=tuple(stores)) if stores != list(k.src) else None
+  return UOp(Ops.SINK, src=(call_kernel(ctx, k.replace(src=tuple(stores))), *copies))
 
 
 def call_kernel(ctx: HostContext, k: UOp) -> UOp | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import detach_rules, share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -26,6 +26,7 @@ from .opt.plan import plan_rules, choose_plan
 from .opt.rows import cpu_rows_fit
 from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
+from .opt.implicit import implicit_product_rules
 from .index_width import index_width_rules
 from .host import host_rules, memory_rules, index_lifetimes, HostContext
 from .attention import attention_rules, AttentionContext, online_softmax_lower_rules, head_loop_rules, carry_vector_rules
@@ -157,7 +158,7 @@ class Pipeline:
 
 pipeline = Pipeline([
   # softmax(scores) @ values becomes one node of an online softmax, before anything decides buffers (rules/attention.py)
-  Stage("attention", attention_rules, "graph", _attention_ctx),
+  Stage("attention", detach_rules + attention_rules, "graph", _attention_ctx),
   Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext(), prepare=RealizeContext.index_stored),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
@@ -170,6 +171,8 @@ pipeline = Pipeline([
   Stage("attention_rows", head_loop_rules, "kernel", lambda run: AttentionContext(run.device_loops)),
   # a 16-bit product on tensor cores; a kernel it maps is mapped already for the opt stages (rules/opt/tensor_core.py)
   Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
+  # a convolution's rows and its reduction each one loop, for the GPU's product tiles (rules/opt/implicit.py)
+  Stage("implicit_product", implicit_product_rules, "kernel", applies=_on_device_loops),
   # the opt stage's plan is chosen by a policy (choose_plan: the device's heuristic, the search's pick) before its rule
   # records it on the kernel; on a GPU the loops and parts its global, local and group records name become block and
   # thread indices (opt_grid) once split and packed, before the register tiles are unrolled

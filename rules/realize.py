@@ -204,11 +204,15 @@ def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
   return c.replace(src=(decide(ctx, x, "the source of a copy between devices", c.arg[0]),))
 
 
+# a detached value is its source's value: the mark only stops gradients (rules/gradient.py), which are built by now
+detached_is_its_source = (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x, "detached_is_its_source")
+# (the first graph stage drops the mark too: a softmax's detached max is still the softmax the attention stage fuses)
+detach_rules = PatternMatcher([detached_is_its_source], name="detach")
+
 realize_rules = PatternMatcher([
   # the outputs are buffers (SINK.arg holds each output's device)
   (UPat(Ops.SINK, name="sink"), _realize_output),
-  # a detached value is its source's value: the mark only stops gradients (rules/gradient.py)
-  (UPat(Ops.DETACH, src=(UPat(name="x"),)), lambda x: x, "detached_is_its_source"),
+  detached_is_its_source,
   # contiguous() of what already is a whole buffer in order is that buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
@@ -387,6 +391,33 @@ class ScheduleIndex:
 def in_dependency_order(kernels: list[UOp]) -> list[UOp]:
   """The kernels in an order they can run in: a toposort of the kernel graph, by depth (ties keep the given order)."""
   return sorted(kernels, key=ScheduleIndex(kernels).depth.__getitem__)
+
+
+def read_before_written(kernels: list[UOp], into: dict[UOp, UOp], new_buffer: Callable[[UOp], UOp]) -> list[UOp]:
+  """The kernels (in the order they run) of a realize that writes existing buffers in place, each read as it was
+  before the realize: `into` maps each buffer a kernel computes to the existing BUFFER its output goes into (an
+  assignment's target; a kernel may also write an existing buffer itself). Where every kernel that reads a target,
+  other than the one writing it, runs before that one, nothing changes (an optimizer's step: the update of a weight
+  needs its gradient, which needs every kernel that reads the weight). Otherwise the target's old contents are
+  first copied into a new buffer (`new_buffer(target)`) by a kernel, and every kernel reads that copy instead."""
+  written_at: dict[UOp, int] = {}
+  last_read: dict[UOp, int] = {}
+  for i, k in enumerate(kernels):
+    for b in buffers_written(k): written_at[into.get(b, b)] = i
+    for b in buffers_read(k): last_read[b] = i
+  late = [t for t, w in written_at.items() if not isinstance(t.arg, NewBuffer) and last_read.get(t, -1) > w]
+  if not late: return kernels
+  old, copies = {}, []
+  for t in late:
+    old[t] = new_buffer(t)
+    whole = View.contiguous((t.arg.size,))
+    copies.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, t.dtype, (old[t],), whole),
+                                                            UOp(Ops.VIEW, t.dtype, (t,), whole))),), arg=t.arg.device))
+
+  def reading_old(k: UOp) -> UOp:   # (only what a kernel reads: where it stores stays)
+    if k.op is Ops.COPY: return k.replace(src=(k.src[0], substitute(k.src[1], old)))
+    return k.replace(src=tuple(st.replace(src=(st.src[0], substitute(st.src[1], old))) for st in k.src))
+  return copies + [reading_old(k) for k in kernels]
 
 
 def _group_key(k: UOp) -> tuple | None:

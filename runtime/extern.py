@@ -38,9 +38,9 @@ CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT = 68, 77, 
 
 def tf32() -> bool:
   """GRAFT_TF32=1: float32 products on the GPU may round their operands to TF32 (10 bits of mantissa) on tensor cores;
-  unset or 0 (the default), they are strict float32."""
-  from rewrite.env import env_flag
-  return env_flag("GRAFT_TF32", False, "TF32 tensor cores for float32 products on the GPU")
+  unset or 0 (the default), they are strict float32 (the same switch as generated code's: rules/opt/tensor_core.py)."""
+  from rules.opt.tensor_core import tf32_requested
+  return tf32_requested()
 ITEMSIZE = {"float32": 4, "float16": 2}
 CPU_ROUTINES = ("sgemm", "sgemm_batched")
 CUDA_ROUTINES = ("sgemm", "sgemm_batched", "hgemm", "hgemm_batched")

@@ -15,14 +15,16 @@ DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per s
 """
 from __future__ import annotations
 import contextlib, hashlib, threading, time
+from typing import Callable
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
 
 from rules.pipeline import schedule, Run, pipeline
-from rules.realize import NewBuffer, buffers_written
+from rules.realize import NewBuffer, buffers_written, read_before_written
 from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
+from rules.opt.tensor_core import tf32_requested
 from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of, device_arch
@@ -59,8 +61,9 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
   return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
-# compiled kernels by (normalized kernel, device, pipeline version) and by (name, device); a change to the pipeline
-# (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused
+# compiled kernels by (normalized kernel, device, pipeline version, TF32 asked for) and by (name, device); a change to
+# the pipeline (a user's rules) makes new keys, so no kernel compiled by the old pipeline is reused, and GRAFT_TF32
+# (read as a float32 product is lowered) changes what a kernel compiles to
 _kernels: dict[tuple[UOp, str, int], CompiledKernel] = {}
 _by_name: dict[tuple[str, str, int], CompiledKernel] = {}
 MAX_KERNELS = 4096
@@ -163,7 +166,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
-  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch())
+  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch(), tf32_requested())
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
@@ -212,16 +215,20 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     if b in made_here: wanted[b] = t
     else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
       kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
+  # a target written in place is read by every kernel as it was before the realize (tensor/assign.py writes in place)
+  kernels = read_before_written(kernels, {b: t[0] for b, t in wanted.items()},
+                                lambda t: run.kernelize.new_buffer(t.dtype, t.arg.size, t.arg.device))
   run.host = HostContext(frozenset(returned), wanted, extern.routines, extern.mode(), grid_multiprocessors, pick.split_mode())
   host = pipeline.run(UOp(Ops.SINK, src=tuple(kernels), arg="steps"), "host", run)
   compiled: dict[UOp, CompiledKernel] = {}
   new: dict[tuple, CompiledKernel] = {}
   new_by_name: dict[tuple, CompiledKernel] = {}
   calls = [call for step in host.src for call in kernel_calls(step)]
-  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, pipeline.version) not in _kernels})
+  version = (pipeline.version, tf32_requested())
+  with _lock: todo = len({norm for norm, _ in calls if (norm, norm.arg, version) not in _kernels})
   progress, started = Progress("compiling"), time.perf_counter()
   for norm, buffers in calls:
-    key = (norm, norm.arg, pipeline.version)
+    key = (norm, norm.arg, version)
     with _lock: ck = _kernels.get(key) or new.get(key)
     if ck is None:
       progress.show(f"kernel {len(new) + 1} of {todo}")
@@ -314,12 +321,16 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
   return [ck.source for ck in dict.fromkeys(plan(outputs, device).kernels_called())]
 
 
-def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> list[UOp]:
+def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None,
+            before_run: Callable[[list], list] | None = None) -> list[UOp]:
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
-  targets are written in list order (an output that reads an earlier output's target sees what was written there)."""
+  every output reads every target as it was before the realize. `before_run(inputs) -> inputs`, once the program is
+  found and before it runs, may put other Buffers in place of its inputs (tensor/assign.py: the old contents of a
+  target kept for a lazy graph that still reads them); it may clear `outputs` and `targets`, which are not read after."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
   program, inputs = find_program(outputs, targets)
+  if before_run is not None: inputs = before_run(inputs)
   if dbg >= 2:
     print(program)
     for line in program.explanations: print(f"  {line}")

@@ -205,11 +205,13 @@ def write(target, view: View, value) -> None:
   write_many([(target, view, value)])
 
 
-def write_many(writes: list, also=()) -> None:
+def write_many(writes: list, also=(), private: bool = False) -> None:
   """Each (target, view, value) of `writes` (targets views of memory, values checked, no two targets one memory)
   written as by write(), all in ONE realize, which also realizes the tensors of `also` (an optimizer's step: every
   parameter and state, and the gradients and loss its updates read). Every value reads the old contents of every
-  target."""
+  target. `private`: the caller keeps none of the value tensors (an optimizer's updates, made for this write): they
+  are emptied once the program is found, so only the caller's other lazy tensors count as readers of the old
+  contents (see the module's docstring)."""
   from runtime.realize import realize
   writes = [(t, v, x) for t, v, x in writes if v.size != 0]
   for _, view, _ in writes:
@@ -218,29 +220,34 @@ def write_many(writes: list, also=()) -> None:
                        f"view made by expand): write into the tensor it expands, or into a copy of it (t + 0)")
   if not writes: return
   also = pending(also)
-  value_uops = [value.uop for _, _, value in writes]   # (a value may itself be a view of a target: re-pointed below)
-  read = UOp(Ops.SINK, dtypes.void, tuple(value_uops + [a.uop for a in also])).toposort   # one walk of them all
-  nodes = []
-  for target, _, _ in writes:
-    old = target.uop.src[0]
-    buf = old.arg
-    reads_target = old in read
-    views = [(t, e.view) for t, e in _viewers(buf)]
-    holder = weakref.ref(old)
-    for t, _ in views: t.uop = None   # let go of the old version, to see who else holds it
-    del old
-    dest = buf
-    try:
-      earlier_readers = reads_target or (holder() is not None and (gc.collect() >= 0 and holder() is not None))
-      if earlier_readers: dest = buf.split_version()
-    finally:
+  bufs = [target.uop.src[0].arg for target, _, _ in writes]
+  outputs = [(value.uop, target.device) for target, _, value in writes] + [(a.uop, a.device) for a in also]
+  targets = [(target.uop.src[0], view) for target, view, _ in writes] + [None] * len(also)
+  holders = [weakref.ref(target.uop.src[0]) for target, _, _ in writes]
+  lent = list({id(t): t for t in also + ([value for _, _, value in writes] if private else [])}.values())
+  views = [[(t, e.view) for t, e in _viewers(buf)] for buf in bufs]
+  dests = list(bufs)
+
+  def keep_old_contents(inputs: list) -> list:
+    # the program is found: every graph of this write lets go of the old versions (the tensors it realizes get their
+    # results, the views their new version, below), so a BUFFER node still alive is held by a lazy graph of the
+    # caller's, which must read the old contents after the write: they are copied aside for it (split_version)
+    outputs.clear(); targets.clear()
+    for t in lent: t.uop = None
+    for t, _ in (tv for vs in views for tv in vs): t.uop = None
+    if any(h() is not None for h in holders): gc.collect()   # (once for all targets: a collection is not cheap)
+    swap = {}
+    for i, (buf, holder) in enumerate(zip(bufs, holders)):
+      if holder() is not None: dests[i] = swap[buf] = buf.split_version()
+    return [swap.get(b, b) for b in inputs] if swap else inputs
+
+  try: outs = realize(outputs, targets, keep_old_contents)
+  finally:   # (after a failure too: the views stay usable; the tensors to be realized are empty if the run failed)
+    for buf, dest, vs in zip(bufs, dests, views):
       node = UOp(Ops.BUFFER, dest.dtype, (), dest)
-      for t, v in views:
+      for t, v in vs:
         t.uop = UOp(Ops.VIEW, dest.dtype, (node,), v)
         _register(t, dest, v)
-    nodes.append(node)
-  outs = realize([(u, t.device) for u, (t, _, _) in zip(value_uops, writes)] + [(a.uop, a.device) for a in also],
-                 targets=[(node, view) for node, (_, view, _) in zip(nodes, writes)] + [None] * len(also))
   for a, u in zip(also, outs[len(writes):]):
     a.uop = u
     realized(a)

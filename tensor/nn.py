@@ -80,18 +80,19 @@ class NNMixin:
     return out
 
   def softmax(self, axis: int = -1):
-    """exp(x - max) / sum(exp(x - max)) along axis; subtracting the max keeps exp from overflowing."""
-    e = (self - self.max(axis, keepdim=True)).exp()
+    """exp(x - max) / sum(exp(x - max)) along axis; subtracting the max keeps exp from overflowing. (Any constant
+    shift gives the same values, so the max passes no gradient, as in torch: the backward pass never reads it.)"""
+    e = (self - self.max(axis, keepdim=True).detach()).exp()
     return e / e.sum(axis, keepdim=True)
 
   def log_softmax(self, axis: int = -1):
-    shifted = self - self.max(axis, keepdim=True)
+    shifted = self - self.max(axis, keepdim=True).detach()   # (a constant shift: see softmax)
     return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
   def logsumexp(self, axis=-1, keepdim: bool = False):
     """log(sum(exp(x))) along axis, computed as max + log(sum(exp(x - max))) so that exp cannot overflow; a row of
     -inf gives -inf (its max is taken as 0 there, not -inf, which would make x - max NaN)."""
-    m = self.max(axis, keepdim=True)
+    m = self.max(axis, keepdim=True).detach()   # (a constant shift: see softmax)
     m = (m.abs() == math.inf).where(0.0, m) if self.dtype.is_float else m.float()
     out = (self - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axis)

@@ -45,21 +45,22 @@ class Optimizer:
     live = [p for p in self.params if p.grad is not None]
     if not live: raise RuntimeError(f"{type(self).__name__}.step(): no parameter has a gradient; call loss.backward() first")
     writes = []
-    self._prepare()
+    scalars = self._prepare()   # (a local: nothing of this step's graphs outlives the write, tensor/assign.py)
     for i, p in enumerate(self.params):
       if p.grad is None: continue
-      for target, value in self._update(i, p, p.grad):
+      for target, value in self._update(i, p, p.grad, scalars):
         writes.append((target, View.contiguous(target.shape), value.cast(target.dtype)))
     writes += self._counters()
-    write_many(writes, also=[p.grad for p in live] + pending_losses())
+    del scalars   # (read the counters' old values: held here, they would be kept aside for it)
+    write_many(writes, also=[p.grad for p in live] + pending_losses(), private=True)
 
   def _counters(self) -> list: return []
 
-  def _prepare(self) -> None:
+  def _prepare(self):
     """This step's scalars that every parameter's update reads: built once, not once per parameter."""
 
-  def _update(self, i: int, p: Tensor, g: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """(tensor, its new value) for parameter i and its state."""
+  def _update(self, i: int, p: Tensor, g: Tensor, scalars) -> list[tuple[Tensor, Tensor]]:
+    """(tensor, its new value) for parameter i and its state; `scalars` what _prepare made for this step."""
     raise NotImplementedError
 
 
@@ -74,7 +75,7 @@ class SGD(Optimizer):
     self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
     self.buffers: list[Tensor | None] = [None] * len(self.params)
 
-  def _update(self, i, p, g):
+  def _update(self, i, p, g, scalars):
     if self.weight_decay: g = g + self.weight_decay * p
     out = []
     if self.momentum:
@@ -107,17 +108,17 @@ class Adam(Optimizer):
     return [(t, View.contiguous(()), t * b) for t, b in ((self.b1_t, self.b1), (self.b2_t, self.b2))]
 
   def _prepare(self):
-    # this step's 1 - b1^t and 1 - b2^t, and what the update reads of them
-    self._step_size = self._lr / (1 - self.b1_t * self.b1)
-    self._bias2_root = (1 - self.b2_t * self.b2).sqrt()
-    self._decay = 1 - self._lr * self.weight_decay if self.weight_decay and self.decoupled else None
+    # this step's 1 - b1^t and 1 - b2^t, and what the update reads of them: (step size, sqrt(1 - b2^t), decay)
+    return (self._lr / (1 - self.b1_t * self.b1), (1 - self.b2_t * self.b2).sqrt(),
+            1 - self._lr * self.weight_decay if self.weight_decay and self.decoupled else None)
 
-  def _update(self, i, p, g):
+  def _update(self, i, p, g, scalars):
+    step_size, bias2_root, decay = scalars
     if self.weight_decay and not self.decoupled: g = g + self.weight_decay * p
-    p_decayed = p if self._decay is None else p * self._decay
+    p_decayed = p if decay is None else p * decay
     m = self.m[i] * self.b1 + g * (1 - self.b1)
     v = self.v[i] * self.b2 + (g * g) * (1 - self.b2)
-    new_p = p_decayed - self._step_size * m / (v.sqrt() / self._bias2_root + self.eps)
+    new_p = p_decayed - step_size * m / (v.sqrt() / bias2_root + self.eps)
     return [(self.m[i], m), (self.v[i], v), (p, new_p)]
 
 

@@ -5,6 +5,7 @@ from tensor import Tensor
 from rewrite import UOp, Ops
 from rules.strided_view import View
 from runtime.realize import realize, last_program
+from tensor.assign import write_many
 
 rng = np.random.default_rng(0)
 
@@ -173,15 +174,34 @@ def test_a_kernel_reading_the_target_elsewhere_writes_aside_then_copies():
   np.testing.assert_array_equal(target.arg.numpy(), a[::-1])
 
 
-def test_several_targets_are_written_in_list_order():
-  # output 0 copies z into X; output 1 then copies X (so: z) into Y. Before, output 1's buffer X was taken for one a
-  # kernel computes (the copy appended for output 0) and that copy's store went to Y: X kept its old value.
+def test_several_targets_each_written_every_output_reading_the_old_contents():
+  # output 0 copies z into X; output 1 copies X as it was before the realize into Y (the old X is kept for it by a copy
+  # kernel first: its writer runs before it). Before, output 1's buffer X was taken for one a kernel computes (the
+  # copy appended for output 0) and that copy's store went to Y: X kept its old value.
   for value in (lambda z: z, lambda z: z + 0):   # an existing buffer (a copy), a computed value (a kernel)
     x, y, z = (Tensor(np.full(4, v, np.float32)).realize() for v in (1, 2, 3))
     X, Y, whole = x.uop.src[0], y.uop.src[0], View.contiguous((4,))
     realize([(value(z).uop, z.device), (x.uop, x.device)], targets=[(X, whole), (Y, whole)])
     np.testing.assert_array_equal(X.arg.numpy(), [3, 3, 3, 3])
-    np.testing.assert_array_equal(Y.arg.numpy(), [3, 3, 3, 3])
+    np.testing.assert_array_equal(Y.arg.numpy(), [1, 1, 1, 1])
+
+
+def test_a_swap_in_one_write_reads_both_old_values():
+  a, b = Tensor(np.full(3, 1, np.float32)).realize(), Tensor(np.full(3, 2, np.float32)).realize()
+  write_many([(a, View.contiguous((3,)), b * 1), (b, View.contiguous((3,)), a * 1)], private=True)
+  np.testing.assert_array_equal(a.numpy(), [2, 2, 2])
+  np.testing.assert_array_equal(b.numpy(), [1, 1, 1])
+
+
+def test_an_update_reading_its_target_writes_in_place_unless_a_lazy_tensor_still_reads_it():
+  w = Tensor(np.arange(4, dtype=np.float32)).realize()
+  memory = w.uop.src[0].arg.handle
+  write_many([(w, View.contiguous((4,)), w * 2)], private=True)    # nothing else reads the old w: no copy
+  assert w.uop.src[0].arg.handle == memory
+  kept = w + 1                                                      # lazy: reads w as it is now, [0, 2, 4, 6]
+  write_many([(w, View.contiguous((4,)), w * 2)], private=True)
+  np.testing.assert_array_equal(w.numpy(), [0, 4, 8, 12])
+  np.testing.assert_array_equal(kept.numpy(), [1, 3, 5, 7])         # the old contents were kept aside for it
 
 
 def test_a_nested_list_is_taken_in_the_tensors_dtype():

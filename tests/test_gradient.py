@@ -12,6 +12,7 @@ from rewrite import UOp, Ops
 from rules.gradient import gradients, const_like, GradientError
 from rules.strided_view import View
 from tests.helpers import python_path
+from runtime.realize import last_program
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -24,6 +25,11 @@ def _arr(rng, shape, kind):
 
 
 def same(f): return f, f   # a case whose Graft and torch code read the same
+
+
+def _qkv(a):
+  q, k, v = a.reshape(2, 3, 3, 2, 2).permute(2, 0, 3, 1, 4)   # each (batch, heads, tokens, head size)
+  return (q @ k.transpose(-1, -2)) @ v
 
 
 # name: (input shapes, kind of input values, graft function, torch function); each function of the inputs, to a tensor
@@ -86,7 +92,12 @@ CASES = {
   "matmul": ([(3, 5), (5, 4)], "any", *same(lambda a, b: a @ b)),
   "batched_matmul": ([(2, 3, 5), (2, 5, 4)], "any", *same(lambda a, b: a @ b)),
   "linear": ([(4, 5), (3, 5), (3,)], "any", lambda x, w, b: x.linear(w, b), lambda x, w, b: F.linear(x, w, b)),
+  # a weight read by a batched product: its gradient is summed over two axes and laid out as the weight is
+  "matmul_3d_weight": ([(2, 3, 5), (5, 4)], "any", *same(lambda a, b: (a @ b).exp())),
+  # q, k and v read out of one (B, T, 3*W) projection: their gradients are pads of its last axis
+  "qkv_split": ([(2, 3, 12)], "any", *same(_qkv)),
   "softmax": ([(3, 6)], "any", *same(lambda a: a.softmax(-1) * a)),
+  "logsumexp": ([(3, 6)], "any", lambda a: a.logsumexp(-1) * 2, lambda a: a.logsumexp(-1) * 2),
   "log_softmax": ([(3, 6)], "any", lambda a: a.log_softmax(-1)[:, :2], lambda a: a.log_softmax(-1)[:, :2]),
   "layernorm": ([(3, 6)], "any", lambda a: a.layernorm() * a, lambda a: F.layer_norm(a, (6,), eps=1e-5) * a),
   "conv2d": ([(2, 3, 7, 7), (4, 3, 3, 3), (4,)], "any", lambda x, w, b: x.conv2d(w, b, stride=2, padding=1),
@@ -288,3 +299,37 @@ def test_a_padded_reduction_reads_only_inside_its_buffers(tmp_path):
   env = {**os.environ, "PYTHONPATH": python_path(root), "GRAFT_CACHE_DIR": str(tmp_path / "cache"), "DEVICE": "CPU"}
   r = subprocess.run([sys.executable, "-c", GUARDED], env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0 and "ok" in r.stdout, f"exit {r.returncode}:\n{r.stderr[-2000:]}"
+
+
+def test_a_weight_read_by_a_batched_product_gets_its_gradient_in_its_own_layout():
+  # the product reads w (16, 32) as (32, 16): its gradient, summed over the batch and tokens, is computed as (16, 32)
+  # by the product itself, so an optimizer's update reads it in order (a transposed read was 3x slower)
+  rng = np.random.default_rng(0)
+  x, w = Tensor(rng.standard_normal((2, 4, 16)).astype(np.float32)), Tensor(np.zeros((16, 32), np.float32), requires_grad=True)
+  (x @ w).sum().backward()
+  w.grad.realize()
+  assert any(ck.name.startswith("r_16_32_") for ck in last_program().kernels_called()), str(last_program())
+
+
+def test_qkv_gradients_assemble_without_integer_division():
+  # the products' gradients of q, k and v are padded into the last axis of the (B, T, 3*W) projection: a row index and
+  # a column range, not a flat offset divided back into the projection's axes
+  x = Tensor(np.random.default_rng(0).standard_normal((2, 3, 12)).astype(np.float32), requires_grad=True)
+  _qkv(x).sum().backward()
+  x.grad.realize()
+  assembly = last_program().kernels_called()[-1]
+  assert "%" not in assembly.source and "/" not in assembly.source, assembly.source
+
+
+def test_cross_entropy_backward_stores_no_one_hot():
+  # the gradient of a pick of one logit per row is elementwise: no (rows, classes) one-hot buffer is stored for it
+  rng = np.random.default_rng(0)
+  data, target = rng.standard_normal((64, 100)).astype(np.float32), rng.integers(0, 100, 64)
+  logits = Tensor(data, requires_grad=True)
+  logits.cross_entropy(target).backward()
+  logits.grad.realize()
+  program = str(last_program())
+  assert not [line for line in program.splitlines() if "alloc" in line and "[6400]" in line], program
+  t = torch.tensor(data, requires_grad=True)
+  F.cross_entropy(t, torch.tensor(target)).backward()
+  np.testing.assert_allclose(logits.grad.numpy(), t.grad.numpy(), rtol=RTOL, atol=ATOL)

@@ -86,6 +86,25 @@ def test_step_is_one_realize_writing_every_parameter_and_state_in_place():
   assert [p.uop.src[0].arg.handle for p in ps + opt.m + opt.v] == memory, "updates go into the tensors' own memory"
 
 
+def test_a_step_keeps_no_copy_of_the_old_parameters_unless_a_lazy_tensor_reads_them(monkeypatch):
+  from runtime.buffer import Buffer
+  copies = []
+  real = Buffer.split_version
+  monkeypatch.setattr(Buffer, "split_version", lambda self: copies.append(self) or real(self))
+  x, y, ws = _data()
+  ps = [Tensor(w, requires_grad=True) for w in ws]
+  opt = AdamW(ps, lr=1e-2)
+  def loss(): return ((Tensor(x).linear(ps[0], ps[1]).relu().linear(ps[2], ps[3]) - Tensor(y)) ** 2).mean()
+  for _ in range(2):
+    opt.zero_grad(); loss().backward(); opt.step()
+  assert copies == []    # the updates read every parameter and state in place: nothing else reads the old values
+  before = ps[0].numpy()
+  kept = ps[0] * 1       # a lazy tensor of the old weight, kept across the step
+  opt.zero_grad(); loss().backward(); opt.step()
+  assert [b.size for b in copies] == [ps[0].numel()]
+  np.testing.assert_array_equal(kept.numpy(), before)
+
+
 def test_a_training_loop_gives_old_buffers_back_without_the_cyclic_collector():
   # a step's dead graph goes by reference counting, and the memory it names with it: the old versions of the
   # parameters that the forward pass read, the gradients of the step before

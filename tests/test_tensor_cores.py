@@ -163,7 +163,7 @@ def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
   assert "g_wgmma_tile" not in cuda_text(x @ w)
 
 
-def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
+def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   from runtime import cuda
   from runtime.device import CompileError
   from renderers.cuda import renderer
@@ -175,9 +175,16 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
               *wgmma_programs()]
-  kernels = list(dict.fromkeys(s for p in programs for s in p.kernel_sources(device="CUDA")))
-  assert sum("g_mma_tile<" in k or "g_wgmma_tile<" in k for k in kernels) == len(programs)
+  monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
+  x32, w32 = Tensor(normal(512, 256, dtype=np.float32)), Tensor(normal(256, 512, dtype=np.float32))
+  programs += [x32 @ w32, (x32 @ Tensor(normal(512, 256, dtype=np.float32)).T).relu(), conv_case(np.float16, bias=True)[0],
+               conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
+  sources = [p.kernel_sources(device="CUDA") for p in programs]
+  # (a float32 product: also its split reduction's kernels)
+  assert all(any("g_mma_tile<" in k or "g_wgmma_tile<" in k for k in ks) for ks in sources)
+  kernels = list(dict.fromkeys(k for ks in sources for k in ks))
   assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
+  assert sum("g_gather<" in k for k in kernels) == 3 and sum("g_mma_tile<float," in k for k in kernels) == 5
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
   src.write_text(renderer.source(kernels))
   cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
@@ -186,10 +193,19 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path):
 
 # ---------------------------------------------------------------- the graph around MMA, in the numpy model of a grid
 
+def flat_offsets(flat, dims):
+  """The offsets of flat indices running through loops `dims` ((size, stride), outermost first): a Gather's rows or ks."""
+  out, inner = np.zeros_like(flat), 1
+  for size, stride in reversed(dims):
+    out, inner = out + (flat // inner) % size * stride, inner * size
+  return out
+
+
 def model_mma(spec: TileSpec):
-  """What `MMA(A, B, arg=spec)` gives each thread of each block, by mma.m16n8k16's documented accumulator layout:
-  accumulator e = (mt * NT + nt) * 4 + c of lane l in warp w is the block tile's output at row
-  (w // WN) * BM/WM + mt*16 + l//4 + 8*(c//2) and column (w % WN) * BN/WN + nt*8 + 2*(l%4) + c%2."""
+  """What `MMA(A, B[, row0], arg=spec)` gives each thread of each block, by mma's documented accumulator layout (the
+  same for m16n8k16 and TF32's m16n8k8): accumulator e = (mt * NT + nt) * 4 + c of lane l in warp w is the block
+  tile's output at row (w // WN) * BM/WM + mt*16 + l//4 + 8*(c//2) and column (w % WN) * BN/WN + nt*8 + 2*(l%4) + c%2.
+  A gathered A's element (row, k) is at its base + the gather's offsets of row0 + row and of k."""
   e = np.arange(spec.regs)
   mt, nt, c = e // (spec.nt * 4), e // 4 % spec.nt, e % 4
   t = np.arange(spec.threads)[:, None]
@@ -197,16 +213,38 @@ def model_mma(spec: TileSpec):
   rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
   cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
   r, kk, col = np.arange(spec.bm)[:, None], np.arange(spec.k), np.arange(spec.bn)
-  def mma(a, b):
+  def mma(a, b, row0=None):
     (abuf, aidx), (bbuf, bidx) = a, b
     out = []
     for blk in range(aidx.shape[0]):   # one base per block: every thread of it passes the same
-      tile_a = abuf[aidx[blk, 0] + r * spec.lda + kk[None, :]].astype(np.float32)
+      if spec.gather:
+        rows0 = np.broadcast_to(row0, aidx.shape)[blk, 0]
+        at = aidx[blk, 0] + flat_offsets(rows0 + r, spec.gather.rows) + flat_offsets(kk, spec.gather.ks)[None, :]
+      else: at = aidx[blk, 0] + r * spec.lda + kk[None, :]
+      tile_a = abuf[at].astype(np.float32)
       tile_b = (bbuf[bidx[blk, 0] + col[None, :] * spec.ldb + kk[:, None]] if spec.b_along_k else
                 bbuf[bidx[blk, 0] + kk[:, None] * spec.ldb + col[None, :]]).astype(np.float32)
       out.append((tile_a @ tile_b)[rows, cols])
     return np.stack(out)   # (blocks, threads, regs)
   return mma
+
+
+def on_model_grid(out, monkeypatch, multiprocessors=16) -> tuple[np.ndarray, list[TileSpec]]:
+  """out computed in the numpy model of a CUDA grid (tests/test_gpu_stages.py), MMA by `model_mma`; and the tiles of
+  the kernels that ran on tensor cores."""
+  import test_gpu_stages as model
+  from rules.pipeline import lower_kernel
+  specs = []
+  real_lower = lower_kernel
+  def lower_and_model(kernel, run):
+    linear = real_lower(kernel, run)
+    for u in linear.src:
+      if u.op is Ops.MMA: specs.append(u.arg); monkeypatch.setitem(model.ALU, Ops.MMA, model_mma(u.arg))
+    return linear
+  monkeypatch.setattr(model, "lower_kernel", lower_and_model)
+  monkeypatch.setitem(model.ALU, Ops.GEP, lambda vec, e: vec[..., int(e)])
+  (got,) = model.run_on_model_gpu(out, multiprocessors=multiprocessors)
+  return got, specs
 
 
 @pytest.mark.parametrize("make", [
@@ -219,23 +257,12 @@ def model_mma(spec: TileSpec):
   lambda T: T(2, 128, 64) @ T(2, 256, 64).transpose(-1, -2), # (4 multiprocessors:) wgmma 128x128, B along k, a batch
 ], ids=["nn", "nt", "bias-gelu", "batch-epilogue", "grouped-blocks", "wgmma", "wgmma-nt-batch"])
 def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch):
-  import test_gpu_stages as model   # the numpy model of a CUDA grid (tests/test_gpu_stages.py)
-  from rules.pipeline import lower_kernel
   def inputs():   # the same inputs each time: one graph for the model grid, one for the CPU's answer
     rng = np.random.default_rng(4)
     return lambda *s: Tensor(rng.standard_normal(s).astype(np.float16), device="CPU")
   out = make(inputs())
   want = make(inputs()).numpy().astype(np.float32)   # the CPU's generated code: float32 sums, as the tensor cores do
-  specs = []
-  real_lower = lower_kernel
-  def lower_and_model(kernel, run):
-    linear = real_lower(kernel, run)
-    for u in linear.src:
-      if u.op is Ops.MMA: specs.append(u.arg); monkeypatch.setitem(model.ALU, Ops.MMA, model_mma(u.arg))
-    return linear
-  monkeypatch.setattr(model, "lower_kernel", lower_and_model)
-  monkeypatch.setitem(model.ALU, Ops.GEP, lambda vec, e: vec[..., int(e)])
-  (got,) = model.run_on_model_gpu(out, multiprocessors=4 if out.shape in ((1024, 256), (256, 512), (2, 128, 256)) else 16)
+  got, specs = on_model_grid(out, monkeypatch, multiprocessors=4 if out.shape in ((1024, 256), (256, 512), (2, 128, 256)) else 16)
   assert specs, "no kernel ran on tensor cores"
   if out.shape == (1024, 256): assert (specs[0].bm, specs[0].bn) == (128, 128)
   assert specs[0].wgmma == (out.shape in ((256, 512), (2, 128, 256)))
@@ -281,6 +308,80 @@ def test_the_tf32_compute_type_is_the_headers(tmp_path):
   check.write_text(f"#include <cublas_api.h>\nint t[CUBLAS_COMPUTE_32F_FAST_TF32 == {extern.CUBLAS_COMPUTE_32F_FAST_TF32} ? 1 : -1];\n")
   r = subprocess.run(["gcc", "-fsyntax-only", *(f"-I{d}" for d in inc), str(check)], capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
+  from renderers.cuda import renderer
+  make = lambda: Tensor(normal(256, 128, dtype=np.float32)) @ Tensor(normal(128, 256, dtype=np.float32))
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  assert "g_mma_tile" not in cuda_text(make()) and "tf32" not in cuda_text(make())   # the default: strict float32
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  src = cuda_text(make())
+  assert "g_mma_tile<float, 64, 64, 32, 2, 2, 3, false, 128, 128LL, 256LL>" in src
+  from runtime.cuda import dynamic_shared_bytes
+  assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
+  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([])
+  # the same kernel again once the switch is off: not the TF32 kernel compiled for the call before
+  monkeypatch.setenv("GRAFT_TF32", "0")
+  assert "g_mma_tile" not in cuda_text(make())
+
+
+def test_tf32_products_in_the_model_grid(monkeypatch):
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  rng = np.random.default_rng(5)
+  a, w, v, b = (rng.standard_normal(s).astype(np.float32) for s in ((128, 64), (64, 192), (192, 64), (192,)))
+  got, specs = on_model_grid((Tensor(a) @ Tensor(w) + Tensor(b)).relu(), monkeypatch)
+  assert [s.dtype for s in specs] == ["float32"] and not specs[0].b_along_k
+  assert_allclose(got, np.maximum(a @ w + b, 0), rtol=1e-4, atol=1e-4)   # the model's sums are float32's
+  got, specs = on_model_grid(Tensor(a) @ Tensor(v).T, monkeypatch)
+  assert specs[0].b_along_k
+  assert_allclose(got, a @ v.T, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- convolutions: implicit products
+
+def conv_case(dtype, n=2, c=32, o=64, hw=(8, 8), stride=1, padding=1, seed=0, bias=False, device="CPU"):
+  """A convolution and numpy's answer (float64, from the operands as stored)."""
+  from tests.test_tensor_nn import _conv2d
+  rng = np.random.default_rng(seed)
+  x, w, b = rng.standard_normal((n, c, *hw)).astype(dtype), rng.standard_normal((o, c, 3, 3)).astype(dtype), rng.standard_normal(o).astype(dtype)
+  pair = lambda v: v if isinstance(v, tuple) else (v, v)
+  want = _conv2d(x.astype(np.float64), w.astype(np.float64), pair(stride), pair(padding))
+  t = Tensor(x, device=device).conv2d(Tensor(w, device=device), Tensor(b, device=device) if bias else None, stride, padding)
+  if bias: t, want = t.relu(), np.maximum(want + b.astype(np.float64).reshape(1, o, 1, 1), 0)
+  return t, want
+
+
+def test_a_half_convolution_is_a_product_whose_input_tile_is_gathered_from_its_windows():
+  t, _ = conv_case(np.float16)
+  src = t.kernel_sources(device="CUDA")[-1]   # (the padded copy first)
+  # rows: (image, output row, output column); k: (channel, kernel row, kernel column) of the padded 10x10 input
+  assert "return ((r) % 8) * 1LL + ((r / 8) % 8) * 10LL + (r / 64) * 3200LL;" in src
+  assert "return ((k) % 3) * 1LL + ((k / 3) % 3) * 10LL + (k / 9) * 100LL;" in src
+  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, true, 288, 0LL, 288LL>" in src   # the weights: B along k (c, kh, kw)
+  from runtime.cuda import dynamic_shared_bytes
+  assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 2 * 3 + 4 * 288   # + k's offsets
+  assert "im2col" not in src and src.count("__global__") == 1
+
+
+@pytest.mark.parametrize("dtype, stride, padding, hw, o", [
+  (np.float16, 1, 1, (8, 8), 64), (np.float16, 2, 1, (15, 15), 64), (np.float16, (1, 2), (2, 0), (6, 33), 64),
+  (np.float32, 1, 1, (8, 8), 128), (np.float32, 2, 0, (17, 17), 64),
+], ids=["f16-pad1", "f16-stride2-odd", "f16-mixed", "tf32-pad1", "tf32-stride2-odd"])
+def test_convolutions_on_tensor_cores_in_the_model_grid(dtype, stride, padding, hw, o, monkeypatch):
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  t, want = conv_case(dtype, o=o, hw=hw, stride=stride, padding=padding, bias=True)
+  got, specs = on_model_grid(t, monkeypatch)
+  assert [s.gather is not None for s in specs] == [True]
+  tol = 2e-2 if dtype == np.float16 else 1e-4
+  assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)
+
+
+def test_what_a_tile_does_not_divide_stays_on_the_other_plans(monkeypatch):
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32
+  assert "g_mma_tile" not in "".join(conv_case(np.float16, hw=(7, 7))[0].kernel_sources(device="CUDA"))   # 98 rows
+  assert "g_mma_tile" not in "".join(conv_case(np.float16, c=3)[0].kernel_sources(device="CUDA"))   # k = 27
 
 
 # ---------------------------------------------------------------- on a GPU
@@ -351,3 +452,31 @@ def test_wgmma_with_a_batch_and_an_epilogue_on_the_gpu(gpu):
   z = (a.astype(np.float32) @ w.astype(np.float32)).astype(np.float16).astype(np.float32) + b.astype(np.float32)
   want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
   assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+def test_tf32_products_on_the_gpu_match_numpy_and_the_switch_changes_a_warm_calls_program(gpu, monkeypatch):
+  from runtime.realize import last_program
+  a, w = normal(512, 384, dtype=np.float32, seed=1), normal(384, 256, dtype=np.float32, seed=2)
+  run = lambda: (Tensor(a, device="CUDA") @ Tensor(w, device="CUDA")).numpy()
+  tf32_kernels = lambda: [ck for ck in last_program().kernels_called() if "g_mma_tile<float," in ck.source]
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  got = run()
+  assert tf32_kernels()
+  assert rel_err(got, a @ w) < 5e-3   # operands with 10 bits of mantissa, sums in float32
+  monkeypatch.setenv("GRAFT_TF32", "0")   # the same graph again: not the TF32 program of the call before
+  strict = run()
+  assert not tf32_kernels() and rel_err(strict, a @ w) < 1e-5
+
+
+@pytest.mark.parametrize("dtype, stride, padding, hw, o", [
+  (np.float16, 1, 1, (8, 8), 64), (np.float16, 2, 1, (15, 15), 128), (np.float16, (1, 2), (2, 0), (6, 33), 64),
+  (np.float16, 1, 1, (7, 7), 64), (np.float32, 1, 1, (8, 8), 128), (np.float32, 2, 0, (17, 17), 64),
+], ids=["f16-pad1", "f16-stride2-odd", "f16-mixed", "f16-untiled", "tf32-pad1", "tf32-stride2-odd"])
+def test_convolutions_on_the_gpu_match_numpy(gpu, dtype, stride, padding, hw, o, monkeypatch):
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  t, want = conv_case(dtype, c=64, o=o, hw=hw, stride=stride, padding=padding, bias=True, device="CUDA")
+  assert ("g_gather<" in t.kernel_sources()[-1]) == (hw != (7, 7))
+  assert rel_err(t.numpy().astype(np.float64), want) < (2e-3 if dtype == np.float16 else 5e-3)
+  monkeypatch.setenv("GRAFT_TF32", "0")   # strict float32 (and float16 unchanged)
+  t, want = conv_case(dtype, c=64, o=o, hw=hw, stride=stride, padding=padding, bias=True, device="CUDA")
+  assert rel_err(t.numpy().astype(np.float64), want) < (2e-3 if dtype == np.float16 else 1e-5)

@@ -17,7 +17,8 @@ REDUCE (`stage_operands`): the factors of the product are staged, slice by slice
 """
 from __future__ import annotations
 import math
-from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
+from rewrite.verify import evaluate
 from rules.linearize import nesting_key
 from rules.symbolic import terms_of
 from .plan import OptContext, OptKind
@@ -115,7 +116,7 @@ def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp],
   # the fill follows the operand's memory (its load over the most parts): the part that moves it least varies fastest
   main = max((n for n in value.toposort if n.op is Ops.LOAD), key=lambda n: sum(q in n.toposort for q in parts), default=None)
   idx = main.src[0].src[1] if main is not None else value
-  fill_order = sorted(parts, key=lambda q: -abs(coefficient(idx, q)))
+  fill_order = sorted(parts, key=lambda q: -abs(mean_step(idx, q)))
   local = UOp(Ops.DEFINE_LOCAL, value.dtype.ptr("shared"), (), (ctx.next_local(), size))
   lane, fills = special("lidx0", threads), []
   for c in range(total // threads):
@@ -131,6 +132,16 @@ MAX_SHARED_BYTES = 24 << 10   # a block's shared tiles together stay under 48 Ki
 def coefficient(index: UOp, r: UOp) -> int:
   """How far a flat index moves when loop r steps by one (0 if it does not depend on r linearly)."""
   return sum(k for t, k in terms_of(index) if t is r)
+
+
+def mean_step(index: UOp, r: UOp) -> float:
+  """How far a flat index moves, on average, when loop r steps over its range, the other loops at 0: its coefficient
+  where the index is affine in r, and for an index gathered through r // n and r % n (a convolution's flat rows and
+  flat reduction, rules/opt/implicit.py) the step that says which loop walks memory most closely."""
+  if (c := coefficient(index, r)) or r not in index.toposort or (n := r.src[0].arg) < 2: return c
+  zero = {u: UOp.const(u.dtype, 0) for u in index.toposort if u.op in (Ops.RANGE, Ops.SPECIAL)}
+  at = lambda v: evaluate(substitute(index, {**zero, r: UOp.const(r.dtype, v)}), {})
+  return (at(n - 1) - at(0)) / (n - 1)
 
 
 def split_flat(flat: UOp, sizes: list[int]) -> list[UOp]:

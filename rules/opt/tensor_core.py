@@ -1,26 +1,30 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
-operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` -- runs on
-`mma.sync.m16n8k16` (or on Hopper `wgmma.mma_async`) with whatever is elementwise around it (bias, activation,
-residual, cast) applied to its accumulators before the store.
+operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` and for a
+convolution -- or, with GRAFT_TF32=1, of two float32 operands (TF32), runs on `mma.sync` (m16n8k16; m16n8k8 for
+TF32; or, a 16-bit matrix product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias,
+activation, residual, cast) applied to its accumulators before the store.
 
-Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), k))))` whose
-only loops are its output loops and k; A's index is affine, k's coefficient 1 (each row of A contiguous along k), i's
-(the row loop: in A's index, not B's) a multiple of 8; B's index has j (the column loop: in B's, not A's) or k with
-coefficient 1 and the other a multiple of 8; every other output loop is a batch (any multiple-of-8 coefficient); the
-sizes divide a tile. Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole
-product tile:
+Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), *ks))))`
+(float32 loads without the CASTs for TF32) whose only loops are its output loops and the ks; both indices affine.
+B: one output loop j in its index and not A's, its k loops one flat loop (`collapse`) along which B is contiguous, or
+B contiguous along j. A: its rows, the output loops in its index and not B's; either a matrix (k one flat loop of
+stride 1; its innermost row loop i, the others a batch; row stride a multiple of 16 bytes) or gathered (a
+convolution's windows: `Gather`, every row loop and k loop with its stride). Every other output loop is a batch
+(strides multiples of 16 bytes); the sizes divide a tile. A matrix A is preferred where either operand could be A.
+Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole product tile:
 
-- `MMA(INDEX(A, the tile's first row), INDEX(B, its first column), arg=TileSpec)`, dtype `float32.vec(regs)`: a
-  block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies its tiles of A and B
-  into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix` reads hit 32 banks), and
-  each warp reads its fragments with `ldmatrix` (`.trans` for a B stored along j) and accumulates its
-  (BM/WM) x (BN/WN) outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
+- `MMA(INDEX(A, the tile's first row), INDEX(B, its first column)[, the first flat row], arg=TileSpec)`, dtype
+  `float32.vec(regs)`: a block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies
+  its tiles of A and B into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix`
+  reads hit 32 banks; a gathered A element by element, from its base at row 0 and the flat row given), and each warp
+  reads its fragments with `ldmatrix` (`.trans` for a 16-bit B stored along j) and accumulates its (BM/WM) x (BN/WN)
+  outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
 - `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
   8 rows further for the row, 2*(lane%4) and the next for the column); the epilogue f and the store index are the
-  kernel's own, with i, j and the batch loops replaced by those indices;
+  kernel's own, with the row loops (the flat row split back), j and the batch loops replaced by those indices;
 - blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
-  A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: i's and j's tile
-  sizes and k's slice.
+  A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: the row loops'
+  and j's tile sizes and the k loops' slice.
 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
 that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
@@ -28,8 +32,9 @@ warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumula
 warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
 A kernel that does not match is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
-GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Both are read
-as a kernel is lowered: a kernel compiled already in this process keeps its form.
+GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). Those are read
+as a kernel is lowered: a kernel compiled already in this process keeps its form. GRAFT_TF32 is part of the compiled
+kernel's and the warm-call program's keys (runtime/realize.py): changing it takes effect on the next call.
 """
 from __future__ import annotations
 import math, os
@@ -47,39 +52,65 @@ HALVES = (dtypes.float16, dtypes.bfloat16)
 # mma per 16 of k (H100, fp16 8192^3: 388 TFLOP/s; 8 warps of 64x32 gave 327, tiles of 8 warps of 64x64 with 4 slices
 # 314-318, 4 slices of 128x128 371: docs/design.md "Tensor cores and TF32")
 TILES = ((128, 128, 2, 2, 32, 3), (64, 128, 2, 2, 32, 3), (64, 64, 2, 2, 32, 3))
+# float32 (TF32) tiles: the same warps, slices of 32 floats (3 x (128 + 128) x 32 floats: 96 KiB of shared memory)
+TF32_TILES = TILES
 # Hopper (sm_90): warpgroup MMA tiles, BK 64 (one 128-byte swizzled row), a warp per 16 rows (WM = BM/16, WN = 1:
 # warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 3 slices (128x256: 145 KiB of shared memory; 128x128: 97 KiB,
 # two blocks a multiprocessor); taken where one gives every multiprocessor a block, else the mma.sync tiles above.
 # H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events: 128x256 with 3 slices 558 / 453, with 4 559 / 427; 128x128 with 3
-# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32")
+# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices (not
+# gathered): TF32 and convolutions take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
-ALIGN = 8                   # elements of 16 bytes: cp.async copies 16-byte chunks
+CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
+MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
 
 
-def tiles() -> tuple[tuple[int, ...], ...]:
-  """TILES, or the one tile GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" names (for measuring other tiles)."""
+def tf32_requested() -> bool:
+  """GRAFT_TF32=1: float32 products on the GPU run on tensor cores as TF32 (operands read with 10 bits of mantissa,
+  sums in float32), in generated code and in cuBLAS calls alike; unset or 0 (the default), they are strict float32."""
+  return env_flag("GRAFT_TF32", False, "TF32 tensor cores for float32 products on the GPU")
+
+
+def tiles(itemsize: int = 2) -> tuple[tuple[int, ...], ...]:
+  """The tiles for operands of `itemsize` bytes, or the one tile GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" names (for
+  measuring other tiles)."""
   text = os.environ.get("GRAFT_TC_TILE", "").strip()
-  if not text: return TILES
+  if not text: return TILES if itemsize == 2 else TF32_TILES
   try: t = tuple(int(v) for v in text.split(","))
   except ValueError: t = ()
   ok = len(t) == 6 and all(v > 0 for v in t)
   if ok:
     bm, bn, wm, wn, bk, stages = t
-    threads = wm * wn * 32
+    threads, per_chunk = wm * wn * 32, CHUNK // itemsize
     ok = (bm % (wm * 16) == 0 and bn % (wn * 16) == 0 and bk % 16 == 0 and stages >= 2 and threads <= 1024
-          and (bm + bn) * bk * 2 * stages <= MAX_SHARED and (bm * bk // 8) % threads == 0 and (bn * bk // 8) % threads == 0)
+          and (bm + bn) * bk * itemsize * stages <= MAX_SHARED and (bm * bk // per_chunk) % threads == 0
+          and (bn * bk // per_chunk) % threads == 0)
   if not ok:
     raise ValueError(f"GRAFT_TC_TILE={text!r}: give BM,BN,WM,WN,BK,STAGES (warps of 16-row and 16-column multiples, "
                      f"BK a multiple of 16, at most {MAX_SHARED} bytes of shared tiles, copies in whole turns), or unset it")
   return (t,)
 
 
+Dims = tuple[tuple[int, int], ...]   # (size, stride) of each loop a flat index runs through, outermost first
+
+
+@dataclass(frozen=True)
+class Gather:
+  """An operand A read through a view that is not a matrix (a convolution's sliding windows): the element at flat row
+  r and flat k of the block's product is at A's base + rows(r) + ks(k), each a sum over its loops of (the loop's value
+  in the flat index) x (its stride). The row offsets of a lane's rows are computed once, the k offsets once per block
+  into a table in shared memory; the tile is then staged element by element."""
+  rows: Dims
+  ks: Dims
+
+
 @dataclass(frozen=True)
 class TileSpec:
   """How one block computes its tile (the MMA node's arg): operand dtype, block tile, warps, k slice and stages, the
-  operands' layouts and strides (elements), and the length of k."""
-  dtype: str          # "float16" or "bfloat16"
+  operands' layouts and strides (elements), the length of k, and A's gather (None: A's rows lda apart, each
+  contiguous along k)."""
+  dtype: str          # "float16", "bfloat16" or "float32" (TF32)
   bm: int
   bn: int
   wm: int
@@ -91,6 +122,7 @@ class TileSpec:
   lda: int
   ldb: int
   wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
+  gather: Gather | None = None
   @property
   def threads(self) -> int: return self.wm * self.wn * 32
   @property
@@ -100,20 +132,22 @@ class TileSpec:
   @property
   def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
   @property
+  def itemsize(self) -> int: return getattr(dtypes, self.dtype).itemsize
+  @property
   def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
-    return (self.bm + self.bn) * self.bk * 2 * self.stages + (1024 if self.wgmma else 0)
+    return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0)
 
 
 @dataclass
 class Product:
-  """A matched kernel: its store, reduction, operand loads and loops."""
+  """A matched kernel: its store, reduction, operand loads and loops (A's rows: one loop, or several with a gather)."""
   store: UOp
   red: UOp
   a: UOp
   b: UOp
-  i: UOp
+  rows: list[UOp]
   j: UOp
-  k: UOp
+  ks: list[UOp]
   batch: list[UOp]
   spec: TileSpec
 
@@ -135,47 +169,75 @@ def _affine(idx: UOp) -> dict[UOp | None, int] | None:
 
 
 def _operand(x: UOp) -> UOp | None:
-  """The 16-bit float load under a CAST to float32, or None."""
-  if x.op is not Ops.CAST or x.dtype is not dtypes.float32: return None
-  ld = x.src[0]
-  if ld.op is not Ops.LOAD or len(ld.src) != 1 or ld.dtype not in HALVES or ld.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None
-  return ld
+  """The 16-bit float load under a CAST to float32 (or, with GRAFT_TF32=1, a float32 load), or None."""
+  ld = x.src[0] if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.src[0].dtype in HALVES else x
+  if ld.op is not Ops.LOAD or len(ld.src) != 1 or ld.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None
+  if ld.dtype in HALVES: return ld if ld is not x else None
+  return ld if ld.dtype is dtypes.float32 and tf32_requested() else None
+
+
+def collapse(dims: Dims) -> Dims:
+  """The same flat index through fewer loops: size-1 loops dropped, and a loop merged into the one inside it where
+  it steps over all of it (strides (9, 3, 1) of sizes (c, 3, 3) are one loop of 9c, stride 1)."""
+  out: list[tuple[int, int]] = []
+  for size, stride in dims:
+    if size == 1: continue
+    if out and out[-1][1] == size * stride: out[-1] = (out[-1][0] * size, stride)
+    else: out.append((size, stride))
+  return tuple(out)
 
 
 def match_product(sink: UOp, multiprocessors: int, arch: str = "sm_90") -> Product | None:
   if len(sink.src) != 1 or (st := sink.src[0]).op is not Ops.STORE or len(st.src) != 2: return None
   reds = [n for n in st.src[1].toposort if n.op is Ops.REDUCE]
-  if len(reds) != 1 or (red := reds[0]).arg is not Ops.ADD or red.dtype is not dtypes.float32 or len(red.src) != 2: return None
-  mul, k = red.src
+  if len(reds) != 1 or (red := reds[0]).arg is not Ops.ADD or red.dtype is not dtypes.float32 or len(red.src) < 2: return None
+  mul = red.src[0]
   if mul.op is not Ops.MUL or None in (ops := [_operand(s) for s in mul.src]) or ops[0].dtype is not ops[1].dtype: return None
   axes = kernel_axes(sink)
-  outs = [r for r in axes if r.arg[0] == "out"]
-  if any(r.arg[0] != "out" and r is not k for r in axes): return None
+  if any(r.arg[0] != "out" and r not in red.src[1:] for r in axes): return None
   fa, fb = (_affine(ld.src[0].src[1]) for ld in ops)
   if fa is None or fb is None: return None
-  # j: in one operand's index only (that operand is B); i: the innermost loop in the other's only
-  for a, b, ia, ib in ((ops[0], ops[1], fa, fb), (ops[1], ops[0], fb, fa)):
-    js = [r for r in outs if r in ib and r not in ia]
-    is_ = [r for r in outs if r in ia and r not in ib]
-    if len(js) == 1 and is_ and ia.get(k) == 1: break
-  else: return None
-  i, j = is_[-1], js[0]
-  batch = [r for r in outs if r is not i and r is not j]
-  b_along_k = ib.get(k) == 1
-  lda, ldb = ia[i], ib[j] if b_along_k else ib.get(k, 0)
-  if not b_along_k and ib[j] != 1: return None
-  strides = [lda, ldb, ia.get(None, 0), ib.get(None, 0)] + [c for f in (ia, ib) for r, c in f.items() if r in batch]
-  if any(s % ALIGN for s in strides): return None
+  # either operand may be A (its rows: the loops in its index only); a matrix A is taken before a gathered one
+  found = [p for p in (_roles(st, red, ops[0], ops[1], fa, fb, axes, multiprocessors, arch),
+                       _roles(st, red, ops[1], ops[0], fb, fa, axes, multiprocessors, arch)) if p is not None]
+  return min(found, key=lambda p: p.spec.gather is not None, default=None)
+
+
+def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp], multiprocessors: int, arch: str) -> Product | None:
+  """The product with a as A and b as B, where their layouts and sizes fit a tile; else None."""
   size = lambda r: r.src[0].arg
-  blocks = lambda t: math.prod(size(r) for r in batch) * (size(i) // t[0]) * (size(j) // t[1])
-  divides = lambda t: size(i) % t[0] == 0 and size(j) % t[1] == 0 and size(k) % t[4] == 0
-  wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and \
-    not os.environ.get("GRAFT_TC_TILE", "").strip() and env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products") else []
-  fits = [t for t in tiles() if divides(t)]
+  ks, outs = list(red.src[1:]), [r for r in axes if r.arg[0] == "out"]
+  itemsize, align = a.dtype.itemsize, CHUNK // a.dtype.itemsize
+  js = [r for r in outs if r in ib and r not in ia]
+  rows = [r for r in outs if r in ia and r not in ib]
+  if len(js) != 1 or not rows: return None
+  j = js[0]
+  # B: its k loops one flat loop, B contiguous along it (b_along_k) or along j
+  bk_dims = collapse(tuple((size(k), ib.get(k, 0)) for k in ks))
+  if len(bk_dims) != 1: return None
+  b_along_k = bk_dims[0][1] == 1
+  if not b_along_k and ib[j] != 1: return None
+  ldb = ib[j] if b_along_k else bk_dims[0][1]
+  # A: a matrix (rows: its innermost row loop, the others a batch; k one loop of stride 1), or gathered
+  ak_dims, gather, lda = collapse(tuple((size(k), ia.get(k, 0)) for k in ks)), None, ia[rows[-1]]
+  if len(ak_dims) == 1 and ak_dims[0][1] == 1 and lda % align == 0 and ia.get(None, 0) % align == 0: rows = rows[-1:]
+  else:
+    gather, lda = Gather(tuple((size(r), ia[r]) for r in rows), tuple((size(k), ia.get(k, 0)) for k in ks)), 0
+    if math.prod(size(k) for k in ks) > MAX_GATHERED_K or sum((s - 1) * abs(c) for s, c in gather.ks) >= 2 ** 31: return None
+  batch = [r for r in outs if r is not j and r not in rows]
+  strides = [ldb, ib.get(None, 0)] + [c for r, c in ib.items() if r in batch]
+  if gather is None: strides += [c for r, c in ia.items() if r in batch]
+  if any(s % align for s in strides): return None
+  m = math.prod(size(r) for r in rows)
+  blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
+  divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
+  wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
+    gather is None and not os.environ.get("GRAFT_TC_TILE", "").strip() and env_flag("GRAFT_WGMMA", True, "Hopper's warpgroup MMA for 16-bit products") else []
+  fits = [t for t in tiles(itemsize) if divides(t)]
   if not wgmma and not fits: return None
   bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, size(k), lda, ldb, bool(wgmma))
-  return Product(st, red, a, b, i, j, k, batch, spec)
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather)
+  return Product(st, red, a, b, rows, j, ks, batch, spec)
 
 
 def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
@@ -195,7 +257,7 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   if (p := ctx.product) is None or sink.arg == "linear" or isinstance(sink.arg, Plan): return None
   from rules.gpu import special   # (the GPU rules import rules.opt)
   s, size = p.spec, lambda r: r.src[0].arg
-  bms, bns = size(p.i) // s.bm, size(p.j) // s.bn
+  bms, bns = math.prod(size(r) for r in p.rows) // s.bm, size(p.j) // s.bn
   per_batch = bms * bns
   gidx, lidx = special("gidx0", per_batch * math.prod(size(r) for r in p.batch)), special("lidx0", s.threads)
   where = gidx % per_batch if p.batch else gidx
@@ -205,20 +267,23 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   pid_m = (where // (group * bns)) * group + where % group if group > 1 else where // bns
   pid_n = (where % (group * bns)) // group if group > 1 else where % bns
   zero = UOp.const(dtypes.index, 0)
-  base = lambda ld, moves: UOp(Ops.INDEX, ld.src[0].dtype, (ld.src[0].src[0], substitute(ld.src[0].src[1], {**at, p.k: zero, **moves})))
-  mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (base(p.a, {p.i: pid_m * s.bm}), base(p.b, {p.j: pid_n * s.bn})), s)
+  base = lambda ld, moves: UOp(Ops.INDEX, ld.src[0].dtype, (ld.src[0].src[0], substitute(ld.src[0].src[1], {**at, **{k: zero for k in p.ks}, **moves})))
+  row0 = pid_m * s.bm
+  # a gathered A: its base at row 0 and the block's first row apart (the template adds each row's offset)
+  a_src = (base(p.a, {r: zero for r in p.rows}), row0) if s.gather else (base(p.a, {p.rows[0]: row0}),)
+  mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (a_src[0], base(p.b, {p.j: pid_n * s.bn}), *a_src[1:]), s)
   warp, lane = lidx // 32, lidx % 32
-  row0 = pid_m * s.bm + (warp // s.wn) * (s.bm // s.wm) + lane // 4
+  row = row0 + (warp // s.wn) * (s.bm // s.wm) + lane // 4
   col0 = pid_n * s.bn + (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2
   stores = []
   for e in range(s.regs):
     mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
-    moves = {**at, p.i: row0 + (mt * 16 + (c // 2) * 8), p.j: col0 + (nt * 8 + c % 2)}
+    moves = {**at, **_split(row + (mt * 16 + (c // 2) * 8), p.rows), p.j: col0 + (nt * 8 + c % 2)}
     stores.append(substitute(p.store, {p.red: acc, **moves}))
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
-  plan = Plan((Opt(OptKind.TENSOR_CORE, axis[p.i], s.bm), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
-               Opt(OptKind.TENSOR_CORE, axis[p.k], s.bk)), "tensor_core")
+  plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
+               *(Opt(OptKind.TENSOR_CORE, axis[k], s.bk) for k in p.ks)), "tensor_core")
   return UOp(Ops.SINK, sink.dtype, tuple(stores), plan)
 
 
