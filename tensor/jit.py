@@ -44,7 +44,8 @@ What may not change between calls (the captured work is that of the capturing ca
     from numpy inside the function) is a different buffer on each call: also a JitError.
   - Python work is not replayed: side effects of the function (appending to a list, counting calls) happen on
     the recorded calls only, and reading values into Python inside it (`.numpy()`, `.item()`) is a JitError, since
-    a replay could not act on them. Lazy tensors the function stores (in attributes) are those of the capturing call.
+    a replay could not act on them. A realized tensor the function keeps (in an attribute, a list) is re-pointed
+    to each replay's values; a lazy one it keeps is that of the capturing call.
   - The result is a Tensor, or a tuple or list of Tensors.
 On a GPU the replay launches the programs' kernels as CUDA graphs (runtime/replay.py): one driver call per run of
 kernels instead of one per kernel; the captured programs then keep their intermediates' memory between calls.
@@ -88,6 +89,7 @@ class _Trace:
   results: list[tuple]                          # (Binding, View, shape, device) per result
   shape: str                                    # "one", "tuple" or "list": how the results are returned
   grads: list[tuple]                            # (weakref to a tensor, its new .grad as a result tuple, or None)
+  kept: list[tuple]                             # (Binding, [(weakref to a tensor, the View it reads)]) re-pointed
   made: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # the Buffers the call made (for messages)
 
 
@@ -124,8 +126,8 @@ class Jit:
     buffers = [t.uop.src[0].arg for t in tensors]
     sig += (tuple(next(j for j, b in enumerate(buffers) if b is buf) for buf in buffers),)  # which are the same
     if (trace := self.captures.get(sig)) is not None: return _replay(trace, buffers)
-    if sig not in self.seen and len(self.seen) >= MAX_CAPTURES:
-      raise JitError(f"jit {self.__name__}: called with {len(self.seen) + 1} different signatures (shapes, dtypes, "
+    if sig not in self.seen and (known := len(self.seen) + len(self.captures)) >= MAX_CAPTURES:
+      raise JitError(f"jit {self.__name__}: called with {known + 1} different signatures (shapes, dtypes, "
                      f"devices or Python values of its arguments); at most {MAX_CAPTURES} are captured. Call it with "
                      f"fewer kinds of arguments, or call .reset()")
     result, trace = self._record(args, kwargs, buffers)
@@ -170,6 +172,7 @@ _ADVICE = ("A Python value the function reads that changes between calls (a numb
 
 
 def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, changed: list, grads_before: dict) -> _Trace:
+  from .assign import _viewers
   where: dict[int, Binding] = {}   # id(Buffer) -> its binding (the recording keeps every Buffer of it alive)
   for j, b in enumerate(buffers): where.setdefault(id(b), ("arg", j))
   for p, g in grads_before.values():
@@ -189,8 +192,9 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
       continue
     _, program, inputs, results = event
     steps.append(("realize", _Realize(program, [bind(b) for b in inputs])))
+    given = {id(b) for b in inputs}   # (an output written into a target returns that target: not made here)
     for i, b in enumerate(results):
-      if id(b) not in where: where[id(b)] = ("value", n + i); made.add(b)
+      if id(b) not in where and id(b) not in given: where[id(b)] = ("value", n + i); made.add(b)
     n += len(results)
   def result(t) -> tuple: return (bind(t.uop.src[0].arg), t.uop.arg, t.shape, t.device)
   results = [result(t) for t in outs]
@@ -201,7 +205,12 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
   used = {b[1] for step in steps for b in read(step) if b[0] == "value"}
   used |= {r[0][1] for r in results + [g for _, g in grads if g is not None] if r[0][0] == "value"}
   steps = [("unread",) if step[0] == "split" and step[2] not in used else step for step in steps]
-  return _Trace(steps, results, shape, grads, made)
+  # tensors the function keeps (in an attribute, a list) that view memory the call made: each replay re-points them
+  # to its own, as a plain call would have made them anew
+  own = {id(t) for t in outs} | {id(g) for _, g in changed if g is not None}
+  kept = [(where[id(b)], views) for b in made
+          if (views := [(weakref.ref(t), e.view) for t, e in _viewers(b) if id(t) not in own])]
+  return _Trace(steps, results, shape, grads, kept, made)
 
 
 def _difference(a: _Trace, b: _Trace) -> str | None:
@@ -272,6 +281,7 @@ def _runner(program):
 
 def _replay(trace: _Trace, buffers: list):
   from .tensor import Tensor
+  from .assign import _register
   from rewrite import UOp, Ops
   values: list = []
   def get(b: Binding):
@@ -288,6 +298,11 @@ def _replay(trace: _Trace, buffers: list):
     return Tensor._from_uop(UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), r[1]), r[2], r[3])
   for ref, g in trace.grads:
     if (p := ref()) is not None: p.grad = None if g is None else tensor(g)
+  for binding, views in trace.kept:
+    buf = get(binding)
+    node = UOp(Ops.BUFFER, buf.dtype, (), buf)
+    for ref, view in views:
+      if (t := ref()) is not None: t.uop = UOp(Ops.VIEW, buf.dtype, (node,), view); _register(t, buf, view)
   out = [tensor(r) for r in trace.results]
   return out[0] if trace.shape == "one" else tuple(out) if trace.shape == "tuple" else out
 

@@ -92,7 +92,8 @@ def test_errors_name_the_problem(monkeypatch):
   with pytest.raises(JitError, match=r"reads tensor values into Python \(numpy\(\)"): peek(Tensor(np.ones(3, np.float32)))
   monkeypatch.setattr(jit_module, "MAX_CAPTURES", 2)
   h = jit(lambda x: x + 1)
-  h(Tensor(np.ones(1, np.float32))); h(Tensor(np.ones(2, np.float32)))
+  for _ in range(3): h(Tensor(np.ones(1, np.float32)))   # captured
+  h(Tensor(np.ones(2, np.float32)))                      # recorded
   with pytest.raises(JitError, match="3 different signatures.*at most 2"): h(Tensor(np.ones(3, np.float32)))
 
 
@@ -119,6 +120,17 @@ def test_old_contents_kept_for_a_lazy_reader_outside_the_call_are_not_copied_by_
   np.testing.assert_allclose(kept[0].numpy(), np.zeros(3))   # the first call's reader saw the old contents
   (cap,) = g.captures.values()
   assert [step[0] for step in cap.steps] == ["unread", "realize", "realize"]   # no copy for a reader the replay has not
+
+
+def test_a_realized_tensor_the_function_keeps_shows_the_latest_call():
+  seen = {}
+  def f(x):
+    seen["doubled"] = (x * 2).realize()   # kept outside: a plain call would leave this call's value there
+    return x + 1
+  g = jit(f)
+  for i in range(4):
+    np.testing.assert_allclose(g(Tensor(np.full(3, i, np.float32))).numpy(), np.full(3, i + 1))
+    np.testing.assert_allclose(seen["doubled"].numpy(), np.full(3, 2 * i))
 
 
 def test_on_a_gpu_replays_run_as_cuda_graphs_on_each_calls_memory(monkeypatch):
