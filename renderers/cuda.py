@@ -9,6 +9,7 @@ renderer. Each kernel is `extern "C" __global__ __launch_bounds__(threads) void 
 the CUDA device reads its parameters from that line). Float math stays IEEE (no fast-math), like the C renderer.
 """
 from __future__ import annotations
+import re
 from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
@@ -146,9 +147,16 @@ class CUDARenderer:
     return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
 
   def source(self, kernels: list[str]) -> str:
+    """One translation unit of `kernels`. The half and bfloat16 headers and the tensor cores' prelude only where a
+    kernel names what they define: parsing them is about half of nvcc's time for a small kernel (a first call)."""
     # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
     wgmma = [WGMMA_PRELUDE] if any("g_wgmma_tile<" in k for k in kernels) else []
-    return "\n".join([*CUDA.headers, *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
+    heavy = bool(wgmma) or any(_NEEDS_HEADERS.search(k) for k in kernels)
+    return "\n".join([*(CUDA.headers if heavy else (PRELUDE,)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
+
+
+# a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude defines
+_NEEDS_HEADERS = re.compile("|".join(["half", "bfloat16", *sorted(set(re.findall(r"\b[gG]_\w+", MMA_PRELUDE)))]))
 
 
 renderer = CUDARenderer()

@@ -87,11 +87,19 @@ def _reduced_back(view: UOp, x: UOp, op: Ops, axis: int) -> bool:
   return view.arg == View.contiguous(shape_of(r)).expand(shape_of(x))
 
 
+def _normalized(p: UOp, last: int) -> UOp | None:
+  """e when p is e divided by its sum over `last`: `e * (1 / sum(e))` (tensor/nn.py) or `e / sum(e)`; else None."""
+  if p.op is Ops.FDIV and _reduced_back(p.src[1], p.src[0], Ops.ADD, last): return p.src[0]
+  if p.op is not Ops.MUL: return None
+  for e, r in (p.src, p.src[::-1]):
+    if r.op is Ops.VIEW and r.src[0].op is Ops.RECIP and _reduced_back(r.replace(src=(r.src[0].src[0],)), e, Ops.ADD, last): return e
+  return None
+
+
 def softmax_scores(p: UOp) -> UOp | None:
   """S when p is softmax(S) over its last axis, as tensor/nn.py builds it; else None."""
-  if p.op is not Ops.FDIV or (e := p.src[0]).op is not Ops.EXP2 or e.src[0].op is not Ops.MUL: return None
   last = len(shape_of(p)) - 1
-  if not _reduced_back(p.src[1], e, Ops.ADD, last): return None
+  if (e := _normalized(p, last)) is None or e.op is not Ops.EXP2 or e.src[0].op is not Ops.MUL: return None
   x, c = e.src[0].src if _is_log2e(e.src[0].src[1]) else e.src[0].src[::-1]
   if not _is_log2e(c) or x.op is not Ops.ADD: return None
   for s, neg in (x.src, x.src[::-1]):

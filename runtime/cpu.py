@@ -199,9 +199,27 @@ class CPUProgram:
   def __repr__(self): return f"<CPUProgram {self.prototype} in {self.path}>"
 
 
+def cpu_threads() -> int:
+  """The threads a parallel loop runs on, as libgomp counts them when it loads: OMP_NUM_THREADS (its first level),
+  else the CPUs this process may run on."""
+  first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+  if first.isdigit() and int(first) > 0: return int(first)
+  try: return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError): return os.cpu_count() or 1
+
+
 class CPUDevice(Device):
   name = "CPU"
   renderer_module = "renderers.c"
+
+  @property
+  def device_name(self) -> str:
+    """The CPU as a measured pick (runtime/pick.py) names it: with the threads the generated code and the library
+    run on, so a pick measured at one thread (bench/cpu_steps.py) is not reused at two, where either side may scale
+    better (OPENBLAS_NUM_THREADS, when set, is the library's own count)."""
+    blas = os.environ.get("OPENBLAS_NUM_THREADS", "").strip()
+    n = cpu_threads()
+    return f"CPU ({n} thread{'s' if n != 1 else ''}{f', OpenBLAS {blas}' if blas else ''})"
 
   def __init__(self):
     self.allocator = CPUAllocator()

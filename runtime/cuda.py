@@ -313,7 +313,18 @@ class CUDAAllocator(Allocator):
 
 # ---------------------------------------------------------------- programs
 
+_dims_seen: dict = {}   # launch sizes already checked -> their three dimensions (a program launches the same few)
+
+
 def _dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, int]:
+  try: return _dims_seen[size]
+  except (KeyError, TypeError): pass   # (TypeError: a list, which does not hash)
+  dims = _check_dims(size, what)
+  if size.__class__ in (int, tuple) and len(_dims_seen) < 4096: _dims_seen[size] = dims
+  return dims
+
+
+def _check_dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, int]:
   if size is None: return (1, 1, 1)
   try: dims = tuple(map(operator.index, (size,) if not hasattr(size, "__len__") else size))  # numpy ints too
   except TypeError: dims = ()
@@ -324,10 +335,11 @@ def _dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, int]:
 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
-  __slots__ = ("name", "device", "function", "params", "path", "shared")
+  __slots__ = ("name", "device", "function", "params", "pointer_types", "path", "shared")
 
   def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0):
     self.name, self.device, self.function, self.params, self.path = name, device, function, params, path
+    self.pointer_types = [_ffi.typeof(f"{t} *") for t in params]   # each launch stores its arguments as these
     self.shared = shared   # bytes of dynamic shared memory each launch gets
     if shared > _STATIC_SHARED_LIMIT:
       check("cuFuncSetAttribute", _lib.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
@@ -366,10 +378,10 @@ class CUDAProgram:
     if len(args) != len(self.params):
       raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
     values = []
-    for i, (t, a) in enumerate(zip(self.params, args)):
-      try: values.append(_ffi.new(f"{t} *", a))
+    for i, (t, a) in enumerate(zip(self.pointer_types, args)):
+      try: values.append(_ffi.new(t, a))
       except (TypeError, OverflowError) as e:
-        kind = "a pointer: pass a device pointer (an int)" if t == "CUdeviceptr" else f"of C type {t}"
+        kind = "a pointer: pass a device pointer (an int)" if self.params[i] == "CUdeviceptr" else f"of C type {self.params[i]}"
         raise TypeError(f"kernel {self.name} (in {self.path}) argument {i} is {kind}; cannot pass {a!r}: {e}") from None
     params = _ffi.new("void *[]", max(len(values), 1))
     for i, v in enumerate(values): params[i] = v

@@ -14,7 +14,7 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import contextlib, hashlib, threading, time
+import contextlib, hashlib, os, threading, time
 from typing import Callable
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
@@ -25,7 +25,6 @@ from rules.host import HostContext
 from rules.strided_view import View
 from rules.gpu import launch_dims, MULTIPROCESSORS
 from rules.opt.tensor_core import tf32_requested
-from rules import attention
 from .buffer import check_allocatable
 from .device import get_device, canonical_name, renderer_of, device_arch
 from .program import Program
@@ -159,6 +158,11 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
   return find_program(outputs, targets)[0]
 
 
+# extern.mode, pick.split_mode, attention.fusion_switch, tensor_core.tf32_requested
+SWITCHES = ("GRAFT_EXTERN", "GRAFT_SPLIT_REDUCE", "GRAFT_ATTENTION", "GRAFT_TF32")
+_environ = os.environ
+
+
 def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> tuple[Program, list]:
   """(program, the Buffers to run it on: its parameters in order): the program from the cache when one of this key
   is there (no rewrite at all), else made now and cached."""
@@ -166,7 +170,8 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   devices = tuple(canonical_name(d) for _, d in outputs)
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
-  key = (structure, devices, pipeline.version, extern.mode(), pick.split_mode(), attention.fusion_switch(), tf32_requested())
+  # the switches that decide the program, as their raw text: parsed (and checked) by the pipeline on a miss
+  key = (structure, devices, pipeline.version, *map(_environ.get, SWITCHES))
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:

@@ -36,6 +36,7 @@ def countable(shape: tuple[int, ...], what: str) -> tuple[int, ...]:
 def normalize_axes(axis, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
   """Axes as sorted non-negative ints: None means all; ints may be negative."""
   ndim = len(shape)
+  if axis.__class__ is int and -ndim <= axis < ndim: return (axis % ndim,)   # (most calls: one valid int axis)
   if axis is None: return tuple(range(ndim))
   axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
   out = []

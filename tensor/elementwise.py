@@ -9,13 +9,21 @@ from __future__ import annotations
 import math
 import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
-from .promotion import result_dtype, promoted, is_scalar, py_scalar, check_fits, out_of_range
+from .recorded import recorded
+from .promotion import result_dtype, promoted, with_scalar, is_scalar, py_scalar, check_fits, out_of_range
 
 LOG2_E, LN_2 = math.log2(math.e), math.log(2)
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
   """numpy's broadcast: align shapes on the right; each dimension is equal or 1."""
+  if len(shapes) == 2 and len(a := shapes[0]) == len(b := shapes[1]):   # (most calls: two shapes of one length)
+    out = []
+    for x, y in zip(a, b):
+      if x == y or y == 1: out.append(x)
+      elif x == 1: out.append(y)
+      else: break
+    else: return tuple(out)
   ndim = max(len(s) for s in shapes)
   padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
   out = []
@@ -29,6 +37,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 def operands(*xs, dtype: DType | None = None, like=None) -> list:
   """Tensors and scalars as tensors of one device, one shape and one dtype (the promoted one unless `dtype`).
   Scalars become constants on the device of the first tensor (or of `like`, which also joins the broadcast)."""
+  if like is None and len(xs) == 2 and (pair := _two_operands(*xs, dtype)) is not None: return pair
   like = like if like is not None else next(x for x in xs if hasattr(x, "uop"))
   xs = [x if x.__class__ is like.__class__ else _as_operand(x, like) for x in xs]
   scalar = [is_scalar(x) for x in xs]
@@ -41,6 +50,29 @@ def operands(*xs, dtype: DType | None = None, like=None) -> list:
   shape = tensors[0].shape
   if any(t.shape != shape for t in tensors): shape = broadcast_shape(*(t.shape for t in tensors))
   return [like._const(check_fits(x, dt), dt, shape) if s else x.cast(dt)._broadcast(shape) for x, s in zip(xs, scalar)]
+
+
+def _two_operands(a, b, dtype: DType | None) -> list | None:
+  """`operands(a, b)` in the cases almost every call is (two tensors of one dtype and device; a tensor and a Python
+  int or float): the same result without the general path's lists (a warm call builds its graph anew every time).
+  None for any other case."""
+  ca, cb = a.__class__, b.__class__
+  if ca is cb:
+    if not isinstance(a, ElementwiseMixin): return None
+    dt = a.uop.dtype
+    if b.uop.dtype is not dt or (dtype is not None and dtype is not dt) or a.device != b.device: return None
+    if a.shape == b.shape: return [a, b]
+    shape = broadcast_shape(a.shape, b.shape)
+    return [a._broadcast(shape), b._broadcast(shape)]
+  if cb is float or cb is int: t, x, scalar_last = a, b, True
+  elif ca is float or ca is int: t, x, scalar_last = b, a, False
+  else: return None
+  if not isinstance(t, ElementwiseMixin): return None
+  dt = dtype or t.uop.dtype
+  # a float meets a float tensor in its dtype and fits it (as with_scalar and check_fits say): no need to ask them
+  c = t._const(x, dt, t.shape) if cb is float and dt.is_float and dt is t.uop.dtype else \
+    t._const(check_fits(x, dt := dtype or with_scalar(t.uop.dtype, x)), dt, t.shape)
+  return [t.cast(dt), c] if scalar_last else [c, t.cast(dt)]
 
 
 def _as_operand(x, like):
@@ -57,7 +89,7 @@ def _alu(op: Ops, *srcs) -> object:
   uops = tuple([s.uop for s in srcs])
   # bfloat16 arithmetic happens in float32, rounded back after each operation (torch's results; renderers then only
   # convert, load, store and select bfloat16); a WHERE only selects, so its values stay bfloat16
-  if op is not Ops.WHERE and any(u.dtype is dtypes.bfloat16 for u in uops):
+  if op is not Ops.WHERE and dtypes.bfloat16 in [u.dtype for u in uops]:
     out = _alu(op, *(s.float() if s.dtype is dtypes.bfloat16 else s for s in srcs))
     return out if out.dtype.is_bool else out.cast(dtypes.bfloat16)
   dtype = dtypes.bool if op is Ops.CMPLT or op is Ops.CMPNE else uops[-1].dtype if op is Ops.WHERE else uops[0].dtype
@@ -89,7 +121,7 @@ class ElementwiseMixin:
 
   def div(self, x, reverse=False):
     """True division; integers divide as float32 (the default float), like torch."""
-    dt = result_dtype((self, x))
+    dt = with_scalar(self.dtype, x) if x.__class__ is float or x.__class__ is int else result_dtype((self, x))
     a, b = operands(*((x, self) if reverse else (self, x)), dtype=dt if dt.is_float else dtypes.default_float)
     return _alu(Ops.FDIV, a, b)
 
@@ -239,10 +271,15 @@ class ElementwiseMixin:
   def sin(self): return _upcast_half(lambda x: _alu(Ops.SIN, x), self)
   def cos(self): return _upcast_half(_cos, self)
   def tan(self): return _upcast_half(lambda x: _alu(Ops.SIN, x) / _cos(x), self)
+  @recorded
   def sigmoid(self): return _upcast_half(_sigmoid, self)
+  @recorded
   def tanh(self): return _upcast_half(lambda x: _sigmoid(x * 2) * 2 - 1, self)
+  @recorded
   def relu(self): return (self < 0).where(0, self)  # NaN stays NaN, as in torch
+  @recorded
   def silu(self): return _upcast_half(lambda x: x * _sigmoid(x), self)
+  @recorded
   def gelu(self):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     return _upcast_half(lambda x: x * 0.5 * (1 + (x * math.sqrt(2 / math.pi) * (1 + 0.044715 * x * x)).tanh()), self)

@@ -83,7 +83,7 @@ class MovementMixin:
     a, b = axis_of(a, self.shape, "transpose"), axis_of(b, self.shape, "transpose")
     order = list(range(self.ndim))
     order[a], order[b] = order[b], order[a]
-    return self.permute(order)
+    return self._view(View.permute, tuple(order))   # (a permutation already: permute's checks have nothing to find)
 
   @property
   def T(self):

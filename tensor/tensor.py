@@ -30,8 +30,19 @@ from runtime.capture import check_read
 def const_uop(value, dtype: DType, shape: tuple[int, ...]) -> UOp:
   """A constant of `shape`: VIEW(CONST) with all strides 0, so it is never stored anywhere. A bfloat16 constant holds
   its rounded value (its literal is rendered from its bits, and a cast of it to float32 folds to that value)."""
+  c = value.__class__
+  # remembered for Python numbers and a tuple shape; the class and a float's bits tell 1, 1.0, True and -0.0 apart
+  key = (dtype, c, value.hex() if c is float else value, shape) if c in (float, int, bool) and shape.__class__ is tuple else None
+  if key is not None and (u := _consts.get(key)) is not None: return u
   if dtype is dtypes.bfloat16: value = bf16_round(value)
-  return UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), scalar_view(tuple(shape)))
+  u = UOp(Ops.VIEW, dtype, (UOp.const(dtype, value),), scalar_view(tuple(shape)))
+  if key is not None:
+    if len(_consts) >= 4096: _consts.clear()
+    _consts[key] = u
+  return u
+
+
+_consts: dict[tuple, UOp] = {}   # the constants tensors asked for lately: a model's forward asks for the same ones
 
 
 class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin, AutogradMixin):
@@ -82,7 +93,10 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     no gradient and stay as they are)."""
     if not grad_enabled() and not (uop.op is Ops.VIEW and uop.src[0].op is Ops.CONST) and uop.op is not Ops.DETACH:
       uop = UOp(Ops.DETACH, uop.dtype, (uop,))
-    return self._from_uop(uop, self.shape if shape is None else shape, self.device)
+    t = _new_tensor(self.__class__)   # (_from_uop, inlined: every operation makes its result here)
+    t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
+      uop, self.shape if shape is None else shape if shape.__class__ is tuple else tuple(shape), self.device, False, None, None
+    return note(t)
 
   def _const(self, value, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> Tensor:
     dtype = dtype or self.dtype
@@ -264,6 +278,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     m = n if m is None else m
     rows = cls.arange(n, device=device).reshape(n, 1)
     return (rows == cls.arange(m, device=device).reshape(1, m)).cast(to_dtype(dtype) if dtype else dtypes.default_float)
+
+
+_new_tensor = object.__new__
 
 
 def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)

@@ -44,3 +44,17 @@ def test_graph_build_bench_times_each_operation_and_the_gpt_forward():
   assert lines[0].startswith("operation") and "graft" in lines[0]
   for op in ("x + y", "x @ w", "x.softmax(-1)"): assert any(l.startswith(op) for l in lines), op
   assert any(l.startswith("gpt forward, 2 layers") and "find_program" in l for l in lines), out
+
+
+def test_host_time_bench_splits_a_warm_call_of_each_workload():
+  out = bench("host_time.py", "--repeats", "100").splitlines()
+  assert out[0].split()[-7:] == ["build", "find_program", "run", "whole", "call", "to", "launch"], out[0]
+  assert [l.split()[0] for l in out[1:]] == ["ew", "sum", "softmax", "layernorm", "attn"]
+  assert all(float(x) > 0 for l in out[1:] for x in l.split()[1:])
+
+
+def test_first_call_bench_splits_a_cold_call_into_lowering_compiling_and_the_rest():
+  lines = bench("first_call.py", "--only", "ew").splitlines()
+  assert lines[0].startswith("first call") and "compile" in lines[0]
+  total, lower, compile_, rest = map(float, lines[1].split()[1:])
+  assert lines[1].startswith("ew") and total > 0 and lower > 0 and compile_ > 0 and abs(total - lower - compile_ - rest) < 2e-3   # (each rounded to 1 ms)

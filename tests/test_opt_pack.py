@@ -40,3 +40,14 @@ def test_a_bias_read_once_per_column_is_not_packed_but_the_panel_of_w_is():
   linear, _ = lowered(t, *opts)
   assert sum(u.op is Ops.DEFINE_LOCAL for u in linear.src) == 1
   assert_allclose(run_with(t, *opts), x @ w.T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fill_of_a_packed_panel_stores_by_subscript_in_c():
+  # x @ W.T: W's panel is filled transposed; by subscript gcc sees the array and vectorizes the fill into transposes
+  x, w = rng.standard_normal((32, 64), dtype=np.float32), rng.standard_normal((64, 64), dtype=np.float32)
+  t = Tensor(x) @ Tensor(w).T
+  source = t.kernel_sources()[0]
+  locals_ = [line.split()[1].split("[")[0] for line in source.splitlines() if line.strip().startswith("float local")]
+  assert locals_ and all(f"{name}[" in source.replace(f"float {name}[", "") for name in locals_)
+  assert not any(f"*({name}+" in source for name in locals_)
+  assert_allclose(t.numpy(), x @ w.T, rtol=1e-5, atol=1e-5)

@@ -117,3 +117,20 @@ def test_a_product_of_few_tiles_picks_among_one_kernel_its_split_and_the_library
     monkeypatch.setattr(pick, "choose", lambda key, candidates, name=name: (name, "chosen by the test"))
     np.testing.assert_allclose((Tensor(p, device="CPU") @ Tensor(v, device="CPU")).numpy(), p @ v, rtol=1e-4, atol=1e-3)
     assert f": {name} (chosen by the test)" in capsys.readouterr().out
+
+
+def test_a_cpu_pick_is_measured_apart_for_each_thread_count(fresh, monkeypatch):
+  from runtime.cpu import CPUDevice
+  monkeypatch.delenv("GRAFT_EXTERN", raising=False)
+  monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+  monkeypatch.setenv("OMP_NUM_THREADS", "1")
+  one = CPUDevice().device_name
+  rng = np.random.default_rng(1)
+  a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
+  np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  keys = [json.loads(e.read_text())["key"] for e in (fresh / "pick").glob("*.json")]
+  assert keys and all(k[-1] == one == "CPU (1 thread)" for k in keys)
+  monkeypatch.setenv("OMP_NUM_THREADS", "2,1")
+  assert CPUDevice().device_name == "CPU (2 threads)"
+  monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+  assert CPUDevice().device_name == "CPU (2 threads, OpenBLAS 1)"

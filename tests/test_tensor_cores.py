@@ -23,12 +23,22 @@ def cuda_text(t) -> str:
   return src
 
 
+def test_a_translation_unit_has_the_half_headers_only_where_a_kernel_needs_them():
+  # parsing cuda_fp16.h and cuda_bf16.h is about half of nvcc's time for a small float32 kernel (a first call)
+  from renderers.cuda import renderer
+  x = Tensor(normal(64, 64, dtype=np.float32))
+  single = renderer.source([cuda_text((x * 2).relu())])
+  assert "cuda_fp16.h" not in single and "g_block_reduce" in single   # the reductions' prelude is always there
+  assert "cuda_fp16.h" in renderer.source([cuda_text((x * 2).relu()), cuda_text(x.half() + 1)])   # one of them
+  assert "cuda_bf16.h" in renderer.source([cuda_text(x.bfloat16() * 2)])
+
+
 def test_a_half_product_is_a_block_tile_of_mma_from_shared_memory():
   from renderers.cuda import renderer
   a, w = Tensor(normal(256, 128)), Tensor(normal(128, 256))
   src = cuda_text(a @ w)
   assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, false, 128, 128LL, 256LL>" in src   # B stored along j: ldmatrix.trans
-  prelude = renderer.source([])
+  prelude = renderer.source([src])   # (the prelude comes with a kernel that uses it)
   for needle in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4", "__shared__",
                  "cp.async.cg.shared.global", "__syncthreads()"):
     assert needle in prelude, needle
@@ -320,7 +330,7 @@ def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
   assert "g_mma_tile<float, 64, 64, 32, 2, 2, 3, false, 128, 128LL, 256LL>" in src
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
-  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([])
+  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([src])   # (with the kernel that uses it)
   # the same kernel again once the switch is off: not the TF32 kernel compiled for the call before
   monkeypatch.setenv("GRAFT_TF32", "0")
   assert "g_mma_tile" not in cuda_text(make())

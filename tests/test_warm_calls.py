@@ -94,3 +94,14 @@ def test_the_plan_table_forgets_its_oldest_entry_past_its_bound(monkeypatch):
   monkeypatch.setattr(rt, "_plans", {})
   for n in range(2, 7): (Tensor(np.ones(n, np.float32)) + 1).numpy()
   assert len(rt._plans) == 2
+
+
+def test_remembered_constants_tell_minus_zero_ints_floats_and_bools_apart():
+  # the constants a forward asks for are remembered (tensor/tensor.py const_uop): -0.0 is not 0.0, 1 is not 1.0
+  x = Tensor(np.array([1.0, 2.0], np.float32))
+  for _ in range(2):
+    assert not np.signbit((x * 0.0).numpy()).any() and np.signbit((x * -0.0).numpy()).all()
+    i = Tensor(np.array([3, 4], np.int32))
+    assert (i * 1).dtype.name == "int32" and (i * 1.0).dtype.name == "float32" and (i * True).dtype.name == "int32"
+    np.testing.assert_array_equal(Tensor.full((2,), True).numpy(), [True, True])
+    np.testing.assert_array_equal(Tensor.full((2,), 1).numpy(), [1, 1])

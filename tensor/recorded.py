@@ -1,0 +1,105 @@
+"""Composite operations recorded once per kind of input and replayed: the graph of `x.softmax(1)` is built by ten
+tensor operations (promotion, broadcasting, views, a Tensor each), and a warm call of a model builds it anew on
+every call, over a new input. Its nodes above the inputs are the same on every call for inputs of one kind, so the
+first call records them and later calls make just those nodes again over the new inputs (hash-consing makes them
+the very nodes the operations would have built: the graph is the same, and so is everything that follows).
+
+What a record stands on. An input that is a VIEW is replayed from its source (a movement of a VIEW merges into it,
+so the record depends on the View, not on what is under it); any other input from its own node. The key is the
+method and its arguments that are no tensors (with their types: `axis=True` is not `axis=1`), and for each tensor
+argument its shape, dtype, device, class and that form (its op; for a VIEW its View, its source's op, and the
+source's shape where a movement may drop a VIEW that reads it whole); and whether gradients are on (no_grad()
+detaches every result).
+
+Not recorded (built by the operations on every call): a call with a constant input (a cast of a constant folds)
+or with one input passed twice (the record would not tell them apart); a graph that reads a buffer other than the
+inputs' (the record would keep it alive); a result that is an input, or a movement of one (a view of another
+tensor's memory: tensor/assign.py). Errors are raised by the operations, on every call: a call that fails records
+nothing.
+"""
+from __future__ import annotations
+import functools
+from rewrite import UOp, Ops, DType
+from rewrite.uop import _make
+from rules.shapes import shape_of
+from .autograd import grad_enabled
+
+MAX_RECORDS = 512
+_records: dict[tuple, tuple] = {}    # key -> (steps, shape of the result)
+
+
+def _stand_in(u: UOp) -> tuple[UOp, tuple] | None:
+  """(the node a record stands on for an input of graph `u`, what of u's form the record depends on); None for a
+  constant."""
+  if u.op is not Ops.VIEW: return u, (u.op,)
+  s = u.src[0]
+  if s.op is Ops.CONST: return None
+  return s, (u.arg, s.op, None if s.op is Ops.BUFFER else shape_of(s))
+
+
+def _record(out: UOp, inputs: list[UOp]) -> list[tuple] | None:
+  """The nodes of `out` that depend on the inputs, sources first, as (op, dtype, arg, sources) with each source
+  -1 - i (input i), an int >= 0 (an earlier step) or a node that does not depend on the inputs (kept as it is);
+  None where the graph cannot be replayed."""
+  where: dict[UOp, int] = {u: -1 - i for i, u in enumerate(inputs)}   # absent: no dependence on the inputs
+  if len(where) < len(inputs) or out in where or (out.op is Ops.VIEW and out.src[0] in where): return None
+  fixed: set[UOp] = set()
+  steps: list[tuple] = []
+  stack = [(out, False)]
+  while stack:
+    n, ready = stack.pop()
+    if n in where or n in fixed: continue
+    if not ready:
+      stack.append((n, True))
+      stack.extend((s, False) for s in n.src if s not in where and s not in fixed)
+      continue
+    if any(s in where for s in n.src):
+      where[n] = len(steps)
+      steps.append((n.op, n.dtype, n.arg, tuple([where.get(s, s) for s in n.src])))
+    elif n.op is Ops.BUFFER: return None
+    else: fixed.add(n)
+  return steps if out in where else None
+
+
+def _replay(steps: list[tuple], inputs: list[UOp]) -> UOp:
+  built: list[UOp] = []
+  for op, dtype, arg, srcs in steps:
+    built.append(_make(op, dtype, tuple([s if s.__class__ is not int else built[s] if s >= 0 else inputs[-1 - s]
+                                         for s in srcs]), arg))
+  return built[-1]
+
+
+def _plain(a) -> bool:
+  """Whether argument `a` is a value the key can hold: a number, a string, None, a dtype or a tuple of ints (a
+  tensor inside a tuple, say, is not: the record would hold its graph of the first call)."""
+  c = a.__class__
+  return a is None or c in (int, float, bool, str, DType) or (c is tuple and all(x.__class__ is int for x in a))
+
+
+def recorded(method):
+  """`method(self, *args, **kwargs)` (a Tensor method building a graph from its tensor arguments and self),
+  recorded on its first call for each kind of input and replayed after (the module docstring says which calls)."""
+  name = method.__qualname__
+
+  @functools.wraps(method)
+  def run(self, *args, **kwargs):
+    stands, parts = [], [name, grad_enabled()]
+    for a in (self, *args):
+      if hasattr(a, "uop"):
+        if (s := _stand_in(a.uop)) is None: return method(self, *args, **kwargs)
+        stands.append(s[0]); parts.append((a.shape, a.uop.dtype, a.device, a.__class__, s[1]))
+      elif _plain(a): parts.append((a.__class__, a))
+      else: return method(self, *args, **kwargs)
+    for k, v in sorted(kwargs.items()):
+      if not _plain(v): return method(self, *args, **kwargs)
+      parts.append((k, v.__class__, v))
+    key = tuple(parts)
+    try: rec = _records.get(key)
+    except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
+    if rec is not None: return self._from_uop(_replay(rec[0], stands), rec[1], self.device)
+    out = method(self, *args, **kwargs)
+    if (steps := _record(out.uop, stands)) is not None:
+      if len(_records) >= MAX_RECORDS: _records.clear()
+      _records[key] = (steps, out.shape)
+    return out
+  return run

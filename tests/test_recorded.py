@@ -1,0 +1,116 @@
+"""Composite operations recorded on their first call and replayed after (tensor/recorded.py): a replay builds the very
+graph the operations build, for every kind of input, and a record keeps no user buffer alive."""
+import gc, math, weakref
+import numpy as np
+import pytest
+from tensor import Tensor, dtypes, no_grad
+from tensor import recorded
+from tensor.args import AxisError
+
+CALLS = {
+  "softmax": lambda x: x.softmax(-1), "softmax(0)": lambda x: x.softmax(0), "log_softmax": lambda x: x.log_softmax(1),
+  "logsumexp": lambda x: x.logsumexp(-1), "logsumexp keepdim": lambda x: x.logsumexp(0, keepdim=True),
+  "layernorm": lambda x: x.layernorm(1, eps=1e-3), "relu": lambda x: x.relu(), "gelu": lambda x: x.gelu(),
+  "silu": lambda x: x.silu(), "sigmoid": lambda x: x.sigmoid(), "tanh": lambda x: x.tanh(),
+  "x @ x.T": lambda x: x @ (x + 1).T, "x.T @ x": lambda x: x.T @ (x * 2), "matmul to float32": lambda x: x.matmul(x.T * 3, dtype=dtypes.float32),
+}
+DIRECT = {   # the same calls, through the undecorated methods: built by the tensor operations every time
+  "softmax": lambda x: Tensor.softmax.__wrapped__(x, -1), "softmax(0)": lambda x: Tensor.softmax.__wrapped__(x, 0),
+  "log_softmax": lambda x: Tensor.log_softmax.__wrapped__(x, 1),
+  "logsumexp": lambda x: Tensor.logsumexp.__wrapped__(x, -1),
+  "logsumexp keepdim": lambda x: Tensor.logsumexp.__wrapped__(x, 0, keepdim=True),
+  "layernorm": lambda x: Tensor.layernorm.__wrapped__(x, 1, eps=1e-3), "relu": Tensor.relu.__wrapped__,
+  "gelu": Tensor.gelu.__wrapped__, "silu": Tensor.silu.__wrapped__, "sigmoid": Tensor.sigmoid.__wrapped__,
+  "tanh": Tensor.tanh.__wrapped__, "x @ x.T": lambda x: Tensor.matmul.__wrapped__(x, (x + 1).T),
+  "x.T @ x": lambda x: Tensor.matmul.__wrapped__(x.T, x * 2),
+  "matmul to float32": lambda x: Tensor.matmul.__wrapped__(x, x.T * 3, dtype=dtypes.float32),
+}
+
+
+def inputs(kind: str, seed: int) -> Tensor:
+  a = np.random.default_rng(seed).standard_normal((6, 5)).astype(np.float32)
+  if kind == "float32": return Tensor(a)
+  if kind == "float16": return Tensor(a.astype(np.float16))
+  if kind == "bfloat16": return Tensor(a, dtype=dtypes.bfloat16)
+  if kind == "lazy": return Tensor(a) * 2 + 1
+  if kind == "view": return Tensor(a.reshape(5, 6)).T
+  raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "bfloat16", "lazy", "view"])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_replay_builds_the_graph_the_operations_build(name, kind):
+  for seed in range(3):   # the first call records, the later ones replay over new inputs
+    x = inputs(kind, seed)
+    out, direct = CALLS[name](x), DIRECT[name](x)
+    assert out.uop is direct.uop   # hash-consed: one node is one graph
+    assert (out.shape, out.device) == (direct.shape, direct.device)
+
+
+def test_no_grad_is_part_of_the_key():
+  x = inputs("float32", 0)
+  x.softmax(-1)
+  with no_grad():
+    y = inputs("float32", 1)
+    assert y.softmax(-1).uop is Tensor.softmax.__wrapped__(y, -1).uop   # every result detached
+  z = inputs("float32", 2)
+  assert z.softmax(-1).uop is Tensor.softmax.__wrapped__(z, -1).uop
+
+
+def test_replayed_values_are_numpys():
+  for seed in range(3):
+    a = np.random.default_rng(seed).standard_normal((4, 7)).astype(np.float32)
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(Tensor(a).softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    c = a - a.mean(1, keepdims=True)
+    np.testing.assert_allclose(Tensor(a).layernorm(1).numpy(), c / np.sqrt((c * c).mean(1, keepdims=True) + 1e-5), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bad_argument_raises_on_every_call_even_when_an_equal_one_was_recorded():
+  x = inputs("float32", 0)
+  x.softmax(1)
+  for _ in range(2):
+    with pytest.raises(TypeError, match="axis"): inputs("float32", 1).softmax(True)   # True == 1, but not an axis
+    with pytest.raises(AxisError): inputs("float32", 1).softmax(5)
+
+
+def test_a_record_keeps_no_input_alive_and_a_constant_input_is_not_recorded():
+  x = inputs("float32", 0)
+  buf = weakref.ref(x.uop.src[0].arg)
+  out = x.gelu()
+  del x, out
+  gc.collect()
+  assert buf() is None
+  before = len(recorded._records)
+  z = Tensor.zeros(3, 3).sigmoid()
+  assert len(recorded._records) == before
+  np.testing.assert_allclose(z.numpy(), np.full((3, 3), 0.5))
+
+
+def test_a_graph_holding_another_buffer_is_not_recorded():
+  # a method whose result reads a buffer besides its input: replaying it would keep that buffer alive
+  other = Tensor(np.ones(4, np.float32))
+  @recorded.recorded
+  def plus_other(self): return self + other
+  plus_other(Tensor(np.zeros(4, np.float32)))
+  assert not any(k[0].endswith("plus_other") for k in recorded._records)
+  np.testing.assert_allclose(plus_other(Tensor(np.full(4, 2, np.float32))).numpy(), np.full(4, 3))
+
+
+def operand_pairs(seed: int) -> dict:
+  rng = np.random.default_rng(seed)
+  t = lambda *s: Tensor(rng.standard_normal(s).astype(np.float32))
+  big = t(8, 9)
+  return {"matrices": (t(3, 4), t(4, 5)), "batched": (t(2, 3, 4), t(4, 5)), "vector @ matrix": (t(4), t(4, 5)),
+          "matrix @ vector": (t(3, 4), t(4)), "slices": (big[1:4, :4], big[:4, 2:7]), "lazy": (t(3, 4).exp(), t(4, 5) + 1),
+          "a view of a lazy tensor": ((t(4, 3) * 2).T, t(5, 4).T), "one tensor twice": (big[:8, :8],) * 2,
+          "float16": (t(3, 4).half(), t(4, 5).half())}
+
+
+@pytest.mark.parametrize("name", list(operand_pairs(0)))
+def test_a_replayed_product_is_the_product_the_operations_build(name):
+  for seed in range(3):
+    a, b = operand_pairs(seed)[name]
+    out = a @ b
+    assert out.uop is Tensor.matmul.__wrapped__(a, b).uop
+    np.testing.assert_allclose(out.numpy(), a.numpy().astype(np.float32) @ b.numpy().astype(np.float32), rtol=2e-2 if name == "float16" else 1e-5, atol=1e-2 if name == "float16" else 1e-5)
