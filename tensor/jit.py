@@ -90,6 +90,7 @@ class _Trace:
   shape: str                                    # "one", "tuple" or "list": how the results are returned
   grads: list[tuple]                            # (weakref to a tensor, its new .grad as a result tuple, or None)
   kept: list[tuple]                             # (Binding, [(weakref to a tensor, the View it reads)]) re-pointed
+  released: list                                # weakrefs to the tensors whose old .grad a replay lets go of first
   made: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # the Buffers the call made (for messages)
 
 
@@ -153,14 +154,21 @@ class Jit:
     def refuse(what: str):
       raise JitError(f"jit {self.__name__}: the function reads tensor values into Python ({what}): a replay runs "
                      f"only the recorded programs and could not act on them. Return the tensor and read it outside")
-    grads_before = {id(p): (p, p.grad) for p in requiring()}
+    # each .grad before the call, held weakly (a zero_grad() inside lets the old gradients go, as without jit), and
+    # its memory, which the call reads when it adds to the gradient (the recording then holds that Buffer)
+    grads_before = {id(p): (p, None if p.grad is None else weakref.ref(p.grad),
+                            weakref.ref(p.grad.uop.src[0].arg) if p.grad is not None and p.grad.is_realized else None)
+                    for p in requiring()}
+    def changed_grad(p) -> bool:
+      _, old, _ = grads_before.get(id(p), (p, None, None))
+      return p.grad is not None if old is None else (g := old()) is None or p.grad is not g
     with capture.recording(on_read=refuse) as rec:
       result = self.fn(*args, **kwargs)
       shape = "one" if isinstance(result, Tensor) else "tuple" if isinstance(result, tuple) else "list" if isinstance(result, list) else None
       outs = [result] if shape == "one" else list(result) if shape else []
       if shape is None or not all(isinstance(t, Tensor) for t in outs):
         raise JitError(f"jit {self.__name__}: the function must return a Tensor or a tuple or list of Tensors, not {type(result).__name__}")
-      changed = [(p, p.grad) for p in requiring() if p.grad is not grads_before.get(id(p), (p, None))[1]]
+      changed = [(p, p.grad) for p in requiring() if changed_grad(p)]
       Tensor.realize_all(*outs, *(g for _, g in changed if g is not None))
     return result, _describe(rec, buffers, outs, shape, changed, grads_before)
 
@@ -175,8 +183,8 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
   from .assign import _viewers
   where: dict[int, Binding] = {}   # id(Buffer) -> its binding (the recording keeps every Buffer of it alive)
   for j, b in enumerate(buffers): where.setdefault(id(b), ("arg", j))
-  for p, g in grads_before.values():
-    if g is not None and g.is_realized: where.setdefault(id(g.uop.src[0].arg), ("grad", weakref.ref(p)))
+  for p, _, memory in grads_before.values():
+    if memory is not None and (b := memory()) is not None: where.setdefault(id(b), ("grad", weakref.ref(p)))
   def bind(b) -> Binding: return where.get(id(b)) or ("held", b.current())
   steps, made, n = [], weakref.WeakSet(), 0
   for event in rec.events:
@@ -210,7 +218,11 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
   own = {id(t) for t in outs} | {id(g) for _, g in changed if g is not None}
   kept = [(where[id(b)], views) for b in made
           if (views := [(weakref.ref(t), e.view) for t, e in _viewers(b) if id(t) not in own])]
-  return _Trace(steps, results, shape, grads, kept, made)
+  # the old gradients that the call replaces without reading them go before a replay runs (as zero_grad() in the
+  # function lets them go), not after: they are not held beside the new ones
+  read_grads = {id(b[1]()) for step in steps if step[0] == "realize" for b in step[1].inputs if b[0] == "grad"}
+  released = [ref for ref, _ in grads if id(ref()) not in read_grads]
+  return _Trace(steps, results, shape, grads, kept, released, made)
 
 
 def _difference(a: _Trace, b: _Trace) -> str | None:
@@ -283,6 +295,8 @@ def _replay(trace: _Trace, buffers: list):
   from .tensor import Tensor
   from .assign import _register
   from rewrite import UOp, Ops
+  for ref in trace.released:
+    if (p := ref()) is not None: p.grad = None
   values: list = []
   def get(b: Binding):
     kind, x = b
