@@ -127,7 +127,7 @@ def test_a_cpu_pick_is_measured_apart_for_each_thread_count(fresh, monkeypatch):
   one = CPUDevice().device_name
   rng = np.random.default_rng(1)
   a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
-  np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose((Tensor(a, device="CPU") @ Tensor(b, device="CPU")).numpy(), a @ b, rtol=1e-4, atol=1e-4)
   keys = [json.loads(e.read_text())["key"] for e in (fresh / "pick").glob("*.json")]
   assert keys and all(k[-1] == one == "CPU (1 thread)" for k in keys)
   monkeypatch.setenv("OMP_NUM_THREADS", "2,1")
