@@ -18,7 +18,7 @@ tensor's memory: tensor/assign.py). Errors are raised by the operations, on ever
 nothing.
 """
 from __future__ import annotations
-import functools
+import functools, math
 from rewrite import UOp, Ops, DType
 from rewrite.uop import _make
 from rules.shapes import shape_of
@@ -76,6 +76,11 @@ def _plain(a) -> bool:
   return a is None or c in (int, float, bool, str, DType) or (c is tuple and all(x.__class__ is int for x in a))
 
 
+def _key_of(a) -> tuple:
+  """A plain argument in the key: a float by its bits too (-0.0 == 0.0 as a dict key, yet a different constant)."""
+  return (float, a, math.copysign(1.0, a)) if a.__class__ is float else (a.__class__, a)
+
+
 def recorded(method):
   """`method(self, *args, **kwargs)` (a Tensor method building a graph from its tensor arguments and self),
   recorded on its first call for each kind of input and replayed after (the module docstring says which calls)."""
@@ -88,11 +93,11 @@ def recorded(method):
       if hasattr(a, "uop"):
         if (s := _stand_in(a.uop)) is None: return method(self, *args, **kwargs)
         stands.append(s[0]); parts.append((a.shape, a.uop.dtype, a.device, a.__class__, s[1]))
-      elif _plain(a): parts.append((a.__class__, a))
+      elif _plain(a): parts.append(_key_of(a))
       else: return method(self, *args, **kwargs)
     for k, v in sorted(kwargs.items()):
       if not _plain(v): return method(self, *args, **kwargs)
-      parts.append((k, v.__class__, v))
+      parts.append((k, *_key_of(v)))
     key = tuple(parts)
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)

@@ -114,3 +114,12 @@ def test_a_replayed_product_is_the_product_the_operations_build(name):
     out = a @ b
     assert out.uop is Tensor.matmul.__wrapped__(a, b).uop
     np.testing.assert_allclose(out.numpy(), a.numpy().astype(np.float32) @ b.numpy().astype(np.float32), rtol=2e-2 if name == "float16" else 1e-5, atol=1e-2 if name == "float16" else 1e-5)
+
+
+def test_a_float_argument_of_negative_zero_is_not_the_record_of_zero():
+  # -0.0 == 0.0 as a dict key, yet the constants differ: each call builds the graph its own argument makes
+  x = Tensor(np.ones((4, 8), np.float32))
+  build = Tensor.layernorm.__wrapped__
+  for eps in (0.0, -0.0, 0.0):
+    assert x.layernorm(1, eps=eps).uop is build(x, 1, eps=eps).uop
+    assert x.layernorm(1, eps).uop is build(x, 1, eps).uop
