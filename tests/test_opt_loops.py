@@ -33,6 +33,16 @@ def test_parallel_marks_the_loop_and_the_c_source_runs_it_with_openmp():
   assert_allclose(run_with(t, Opt(OptKind.PARALLEL, 0)), a + 1)
 
 
+def test_a_parallel_loop_is_dealt_to_threads_in_chunks_as_they_come_free():
+  # a thread that has its core takes what a late or descheduled one has not reached; up to 64 chunks a loop
+  from runtime.device import get_device
+  src = lambda t: get_device("CPU").renderer.render("k", lowered(t, Opt(OptKind.PARALLEL, 0))[0])
+  assert "#pragma omp parallel for schedule(dynamic, 1)\n" in src(Tensor(a) + 1)   # 6 trips: one chunk each
+  big = rng.standard_normal((1000, 64), dtype=np.float32)
+  assert "#pragma omp parallel for schedule(dynamic, 16)\n" in src(Tensor(big) + 1)   # 1000 trips: 63 chunks of 16
+  assert_allclose(run_with(Tensor(big) + 1, Opt(OptKind.PARALLEL, 0)), big + 1)
+
+
 def test_simd_marks_the_innermost_reduction_loop():
   t = Tensor(a).max(axis=2)
   linear, _ = lowered(t, Opt(OptKind.SIMD, 2))
