@@ -18,10 +18,12 @@ PRELUDE = """
 static inline float g_bits2f(int i) { union { int i; float f; } u; u.i = i; return u.f; }
 static inline int g_f2bits(float f) { union { int i; float f; } u; u.f = f; return u.i; }
 static inline float g_exp2f(float a) {
-  /* NaN goes through the arithmetic as 0 and comes back at the end: converting it to int would be undefined */
-  float x = a != a ? 0.0f : a;
-  x = x < -151.0f ? -151.0f : x;
-  x = x > 129.0f ? 129.0f : x;
+  /* clamped; NaN goes through the arithmetic as -151 (converting it to int would be undefined) and comes back at the
+     end. Written as `a > c ? a : c`, gcc vectorizes the clamps as a max and a min, where a NaN test first and clamps
+     after it made masked compares (attention's softmax kernel, 8x512x512 compiled alone, one thread: 1.47 -> 1.36 ms;
+     the same results for every input) */
+  float x = a > -151.0f ? a : -151.0f;
+  x = x < 129.0f ? x : 129.0f;
   /* round to nearest by the float adder itself (floorf would stop gcc from vectorizing the loop) */
   float n = (x + 12582912.0f) - 12582912.0f, f = x - n;
   /* 2^f on [-0.5, 0.5]: Taylor series of e^(f ln 2) to degree 7 */
