@@ -218,8 +218,8 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
   own = {id(t) for t in outs} | {id(g) for _, g in changed if g is not None}
   kept = [(where[id(b)], views) for b in made
           if (views := [(weakref.ref(t), e.view) for t, e in _viewers(b) if id(t) not in own])]
-  # the old gradients that the call replaces without reading them go before a replay runs (as zero_grad() in the
-  # function lets them go), not after: they are not held beside the new ones
+  # the old gradients that the call replaces without reading them go before a replay runs its programs (as zero_grad()
+  # in the function lets them go; once its index checks passed), not after: they are not held beside the new ones
   read_grads = {id(b[1]()) for step in steps if step[0] == "realize" for b in step[1].inputs if b[0] == "grad"}
   released = [ref for ref, _ in grads if id(ref()) not in read_grads]
   return _Trace(steps, results, shape, grads, kept, released, made)
@@ -295,18 +295,21 @@ def _replay(trace: _Trace, buffers: list):
   from .tensor import Tensor
   from .assign import _register
   from rewrite import UOp, Ops
-  for ref in trace.released:
-    if (p := ref()) is not None: p.grad = None
   values: list = []
   def get(b: Binding):
     kind, x = b
     return buffers[x] if kind == "arg" else values[x] if kind == "value" else x.current() if kind == "held" else _grad_of(x)
-  for step in trace.steps:
+  # the old gradients go once the checks of the arguments' values passed (an index out of range changes nothing)
+  checked = max((i + 1 for i, step in enumerate(trace.steps) if step[0] == "guard"), default=0)
+  for i, step in enumerate(trace.steps + [("checked",)]):
+    if i == checked:
+      for ref in trace.released:
+        if (p := ref()) is not None: p.grad = None
     if step[0] == "realize":
       values.extend(u.src[0].arg for u in step[1].runner.run([get(b) for b in step[1].inputs]))
     elif step[0] == "split": values.append(get(step[1]).copy())
     elif step[0] == "unread": values.append(None)
-    else: capture.guard(get(step[1]), get(step[2]), step[3])
+    elif step[0] == "guard": capture.guard(get(step[1]), get(step[2]), step[3])
   def tensor(r: tuple):
     buf = get(r[0])
     return Tensor._from_uop(UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), r[1]), r[2], r[3])

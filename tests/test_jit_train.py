@@ -187,3 +187,14 @@ def test_what_cannot_be_replayed_is_an_error_naming_it():
     print(loss.item())   # a value read into Python: no replay could print it
     return loss
   with pytest.raises(JitError, match=r"reads tensor values into Python \(numpy\(\) \(or \.item\(\)"): jit(logs)(Tensor(np.ones(3, np.float32)))
+
+
+def test_a_replay_whose_index_check_fails_keeps_the_gradients():
+  # the gradients a replay replaces are let go before it runs, but not before its index checks passed: a call that
+  # raises IndexError changes nothing, .grad included
+  _, _, _, step, model = _gpt_run(True, steps=3)
+  grads = [p.grad.numpy() for p in model.parameters()]
+  ids = np.zeros((2, 16), np.int32)
+  ids[0, 0] = -65
+  with pytest.raises(IndexError, match="index -65 is out of bounds"): step(Tensor(ids), Tensor(np.zeros((2, 16), np.int32)))
+  for g, p in zip(grads, model.parameters()): np.testing.assert_array_equal(g, p.grad.numpy())
