@@ -259,6 +259,9 @@ def model_mma(spec: TileSpec):
   warp, lane = t // 32, t % 32
   rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
   cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
+  if spec.fma:   # strict float32 on the FMA units: lane (x, y) holds rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 + 4y..
+    x, y, i, j = t % (spec.bm // 8), t // (spec.bm // 8), e // 8, e % 8
+    rows, cols = x * 4 + i // 4 * (spec.bm // 2) + i % 4, y * 4 + j // 4 * (spec.bn // 2) + j % 4
   r, kk, col = np.arange(spec.bm)[:, None], np.arange(spec.k), np.arange(spec.bn)
   def mma(a, b, row0=None):
     (abuf, aidx), (bbuf, bidx) = a, b
@@ -401,14 +404,31 @@ def conv_case(dtype, n=2, c=32, o=64, hw=(8, 8), stride=1, padding=1, seed=0, bi
 
 def test_a_half_convolution_is_a_product_whose_input_tile_is_gathered_from_its_windows():
   t, _ = conv_case(np.float16)
-  src = t.kernel_sources(device="CUDA")[-1]   # (the padded copy first)
-  # rows: (image, output row, output column); k: (channel, kernel row, kernel column) of the padded 10x10 input
-  assert "return ((r) % 8) * 1LL + ((r / 8) % 8) * 10LL + (r / 64) * 3200LL;" in src
-  assert "return ((k) % 3) * 1LL + ((k / 3) % 3) * 10LL + (k / 9) * 100LL;" in src
-  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, true, 288, 0LL, 288LL>" in src   # the weights: B along k (c, kh, kw)
+  sources = t.kernel_sources(device="CUDA")
+  assert len(sources) == 3   # the padded input channels-last (2 x 10 x 10 x 32), the filters (64, 3, 3, 32), the product
+  src = sources[-1]
+  # rows: (image, output row, output column); k: (kernel row, kernel column, channel) of the padded 10x10 input
+  assert "return ((r) % 8) * 32LL + ((r / 8) % 8) * 320LL + (r / 64) * 3200LL;" in src
+  assert "return ((k) % 32) * 1LL + ((k / 32) % 3) * 32LL + (k / 96) * 320LL;" in src
+  # the weights: B along k (kh, kw, c); A's tile copied in 16-byte chunks of 8 channels (g_gather<..., true>)
+  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, true, 288, 0LL, 288LL>" in src and "decltype(mma24_ks), true>" in src
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 2 * 3 + 4 * 288   # + k's offsets
   assert "im2col" not in src and src.count("__global__") == 1
+
+
+def test_a_strict_float32_convolution_is_a_tile_on_the_fma_units_its_input_gathered_as_staged(monkeypatch):
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  t, _ = conv_case(np.float32, o=128, hw=(16, 16), bias=True)
+  src = t.kernel_sources(device="CUDA")[-1]   # (the padded copy first)
+  # NCHW: rows (image, output row, output column), k (channel, kernel row, kernel column) of the padded 18x18 input
+  assert "return ((r) % 16) * 1LL + ((r / 16) % 16) * 18LL + (r / 256) * 10368LL;" in src
+  assert "return ((k) % 3) * 1LL + ((k / 3) % 3) * 18LL + (k / 9) * 324LL;" in src
+  # 512 rows: tiles of 64 x 64 (8 blocks; 128 x 128 would leave more multiprocessors idle), 64 lanes of 8 x 8 outputs
+  assert "g_fma_tile<64, 64, 8, 4, true, 288, 288LL>" in src and "g_mma_tile" not in src
+  assert "__launch_bounds__(64)" in src and src.count("*(data0+") == src.count("<0.0f)") == 64   # bias, ReLU: each output
+  from runtime.cuda import dynamic_shared_bytes
+  assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64 + 4) * 8 * 4 * 4 + 4 * 288
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [
@@ -424,9 +444,20 @@ def test_convolutions_on_tensor_cores_in_the_model_grid(dtype, stride, padding, 
   assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)
 
 
+@pytest.mark.parametrize("stride, padding, hw, o", [(1, 1, (8, 8), 128), (2, 1, (15, 15), 64), ((1, 2), (2, 0), (6, 33), 64)],
+                         ids=["pad1", "stride2-odd", "mixed"])
+def test_strict_float32_convolutions_on_the_fma_tile_in_the_model_grid(stride, padding, hw, o, monkeypatch):
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  t, want = conv_case(np.float32, o=o, hw=hw, stride=stride, padding=padding, bias=True)
+  got, specs = on_model_grid(t, monkeypatch)
+  assert [(s.fma, s.gather is not None) for s in specs] == [(True, True)]
+  assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_what_a_tile_does_not_divide_stays_on_the_other_plans(monkeypatch):
   monkeypatch.delenv("GRAFT_TF32", raising=False)
-  assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32
+  assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32: FMA
+  assert "g_fma_tile" not in "".join(conv_case(np.float32, hw=(7, 7))[0].kernel_sources(device="CUDA"))   # 98 rows
   assert "g_mma_tile" not in "".join(conv_case(np.float16, hw=(7, 7))[0].kernel_sources(device="CUDA"))   # 98 rows
   assert "g_mma_tile" not in "".join(conv_case(np.float16, c=3)[0].kernel_sources(device="CUDA"))   # k = 27
 

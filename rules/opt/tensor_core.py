@@ -62,9 +62,12 @@ TF32_TILES = TILES
 # 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices (not
 # gathered): TF32 and convolutions take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
+FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
+# strict float32 with a gathered A (a convolution) on the FMA units: (BM, BN, BK, STAGES); a lane holds 8x8 outputs
+FMA_TILES = ((128, 128, 8, 4), (64, 128, 8, 4), (64, 64, 8, 4))
 
 
 def tf32_requested() -> bool:
@@ -118,6 +121,8 @@ class Gather:
   into a table in shared memory; the tile is then staged element by element."""
   rows: Dims
   ks: Dims
+  chunked: bool = False   # k's innermost loop contiguous and every offset a whole number of 16-byte chunks (a
+                          # channels-last input): the tile is staged by 16-byte copies, as a matrix's is
 
 
 @dataclass(frozen=True)
@@ -138,18 +143,20 @@ class TileSpec:
   ldb: int
   wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
   gather: Gather | None = None
+  fma: bool = False    # strict float32 on the FMA units (a lane's 8x8 outputs; renderers/cuda_mma.py g_fma_tile)
   @property
-  def threads(self) -> int: return self.wm * self.wn * 32
+  def threads(self) -> int: return self.bm * self.bn // 64 if self.fma else self.wm * self.wn * 32
   @property
   def mt(self) -> int: return self.bm // self.wm // 16    # m16 fragments of a warp's tile
   @property
   def nt(self) -> int: return self.bn // self.wn // 8     # n8 fragments of a warp's tile
   @property
-  def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
+  def regs(self) -> int: return 64 if self.fma else self.mt * self.nt * 4     # float accumulators of a lane
   @property
   def itemsize(self) -> int: return getattr(dtypes, self.dtype).itemsize
   @property
   def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
+    if self.fma: return (self.bm + self.bn + FMA_PAD) * self.bk * 4 * self.stages + 4 * self.k
     return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0)
 
 
@@ -184,11 +191,12 @@ def _affine(idx: UOp) -> dict[UOp | None, int] | None:
 
 
 def _operand(x: UOp) -> UOp | None:
-  """The 16-bit float load under a CAST to float32 (or, with GRAFT_TF32=1, a float32 load), or None."""
+  """The 16-bit float load under a CAST to float32, or a float32 load (TF32 with GRAFT_TF32=1, else strict float32 on
+  the FMA units, a gathered A only), or None."""
   ld = x.src[0] if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.src[0].dtype in HALVES else x
   if ld.op is not Ops.LOAD or len(ld.src) != 1 or ld.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None
   if ld.dtype in HALVES: return ld if ld is not x else None
-  return ld if ld.dtype is dtypes.float32 and tf32_requested() else None
+  return ld if ld.dtype is dtypes.float32 else None
 
 
 def collapse(dims: Dims) -> Dims:
@@ -235,10 +243,16 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   ldb = ib[j] if b_along_k else bk_dims[0][1]
   # A: a matrix (rows: its innermost row loop, the others a batch; k one loop of stride 1), or gathered
   ak_dims, gather, lda = collapse(tuple((size(k), ia.get(k, 0)) for k in ks)), None, ia[rows[-1]]
+  fma = itemsize == 4 and not tf32_requested()   # strict float32: the FMA units, for a gathered A only
   if len(ak_dims) == 1 and ak_dims[0][1] == 1 and lda % align == 0 and ia.get(None, 0) % align == 0: rows = rows[-1:]
   else:
-    gather, lda = Gather(tuple((size(r), ia[r]) for r in rows), tuple((size(k), ia.get(k, 0)) for k in ks)), 0
+    row_dims, k_dims = tuple((size(r), ia[r]) for r in rows), tuple((size(k), ia.get(k, 0)) for k in ks)
+    # in 16-byte chunks where k's innermost loop (collapsed) is contiguous and every offset a whole number of chunks
+    chunked = not fma and ak_dims[-1][1] == 1 and ak_dims[-1][0] % align == 0 and \
+      all(c % align == 0 for c in (ia.get(None, 0), *(c for _, c in row_dims + ak_dims[:-1])))
+    gather, lda = Gather(row_dims, k_dims, chunked), 0
     if math.prod(size(k) for k in ks) > MAX_GATHERED_K or sum((s - 1) * abs(c) for s, c in gather.ks) >= 2 ** 31: return None
+  if fma and (gather is None or len(rows) < 2 and len(ak_dims) < 2): return None   # a convolution's windows only
   batch = [r for r in outs if r is not j and r not in rows]
   strides = [ldb, ib.get(None, 0)] + [c for r, c in ib.items() if r in batch]
   if gather is None: strides += [c for r, c in ia.items() if r in batch]
@@ -248,11 +262,19 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
   wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
     gather is None and not tile_text() and wgmma_enabled() else []
-  fits = [t for t in tiles(itemsize) if divides(t)]
+  fits = [t for t in (fma_tiles() if fma else tiles(itemsize)) if divides(t)]
   if not wgmma and not fits: return None
   bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather)
+  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather, fma)
   return Product(st, red, a, b, rows, j, ks, batch, spec)
+
+
+def fma_tiles() -> tuple[tuple[int, ...], ...]:
+  """FMA_TILES as (BM, BN, WM, WN, BK, STAGES) (WM x WN: the 32-lane groups of a block's BM*BN/64 lanes). TEMP
+  GRAFT_FMA_TILE="BM,BN,BK,STAGES" imposes one (measuring)."""
+  text = os.environ.get("GRAFT_FMA_TILE", "").strip()
+  ts = (tuple(int(v) for v in text.split(",")),) if text else FMA_TILES
+  return tuple((bm, bn, bm * bn // 64 // 32, 1, bk, st) for bm, bn, bk, st in ts)
 
 
 def capability(arch: str) -> int:
@@ -271,6 +293,21 @@ def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
 def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:
   """The values loops (outermost first) take when `flat` runs through them in row-major order."""
   return dict(zip(loops, split_flat(flat, [r.src[0].arg for r in loops])))
+
+
+def accumulator_at(s: TileSpec, lidx: UOp, e: int) -> tuple[UOp, UOp]:
+  """The row and column in the block's tile of accumulator e of lane lidx. mma (m16n8k16's fragment layout, per
+  warp): e = (mt * NT + nt) * 4 + c at row mt*16 + lane//4 + 8*(c//2), column nt*8 + 2*(lane%4) + c%2 of the warp's
+  tile. FMA: lane (x, y) = (lidx % (BM/8), lidx // (BM/8)) holds rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 +
+  4y.., e = 8 * (its row of these 8) + its column (consecutive lanes: consecutive rows, whose outputs lie side by
+  side in a convolution's output)."""
+  if s.fma:
+    x, y, i, j = lidx % (s.bm // 8), lidx // (s.bm // 8), e // 8, e % 8
+    return x * 4 + ((i // 4) * (s.bm // 2) + i % 4), y * 4 + ((j // 4) * (s.bn // 2) + j % 4)
+  warp, lane = lidx // 32, lidx % 32
+  mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
+  return ((warp // s.wn) * (s.bm // s.wm) + lane // 4 + (mt * 16 + (c // 2) * 8),
+          (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2 + (nt * 8 + c % 2))
 
 
 def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
@@ -292,14 +329,11 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   # a gathered A: its base at row 0 and the block's first row apart (the template adds each row's offset)
   a_src = (base(p.a, {r: zero for r in p.rows}), row0) if s.gather else (base(p.a, {p.rows[0]: row0}),)
   mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (a_src[0], base(p.b, {p.j: pid_n * s.bn}), *a_src[1:]), s)
-  warp, lane = lidx // 32, lidx % 32
-  row = row0 + (warp // s.wn) * (s.bm // s.wm) + lane // 4
-  col0 = pid_n * s.bn + (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2
   stores = []
   for e in range(s.regs):
-    mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
-    moves = {**at, **_split(row + (mt * 16 + (c // 2) * 8), p.rows), p.j: col0 + (nt * 8 + c % 2)}
+    row, col = accumulator_at(s, lidx, e)
+    moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
     stores.append(substitute(p.store, {p.red: acc, **moves}))
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
   plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
