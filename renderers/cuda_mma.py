@@ -273,20 +273,26 @@ def flat_offset(var: str, dims) -> str:
   return " + ".join(terms) or "0"
 
 
+def gather_text(ctx, m: UOp) -> tuple[str, str]:
+  """A gathered A's offsets as two lambdas declared before the tile's call, and its last argument to the template
+  (", g_gather<...>{row0, rows, ks}"); ("", "") for a matrix A."""
+  if (g := m.arg.gather) is None: return "", ""
+  acc = ctx.names[m]
+  decl = (f"auto {acc}_rows = [](long long r) -> long long {{ return {flat_offset('r', g.rows)}; }};\n"
+          f"auto {acc}_ks = [](int k) -> int {{ return {flat_offset('k', g.ks)}; }};\n")
+  chunked = ", true" if g.chunked else ""
+  return decl, f", g_gather<decltype({acc}_rows), decltype({acc}_ks){chunked}>{{{ctx[m.src[2]]}, {acc}_rows, {acc}_ks}}"
+
+
 def render_mma(ctx, m: UOp) -> str:
   s = m.arg
-  if s.wgmma: return render_wgmma(ctx, m)
+  decl, gather = gather_text(ctx, m)
+  if s.wgmma: return decl + render_wgmma(ctx, m, gather)
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
-  acc, a, b = ctx.names[m], ctx[m.src[0]], ctx[m.src[1]]
-  if s.gather is None: return f"float {acc}[{s.regs}];\ng_mma_tile<{args}>({acc}, {a}, {b});"
-  rows = f"[](long long r) -> long long {{ return {flat_offset('r', s.gather.rows)}; }}"
-  ks = f"[](int k) -> int {{ return {flat_offset('k', s.gather.ks)}; }}"
+  call = "g_mma_tile"
   if s.fma: call, args = "g_fma_tile", f"{s.bm}, {s.bn}, {s.bk}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.ldb}LL"
-  else: call = "g_mma_tile"
-  chunked = ", true" if s.gather.chunked else ""
-  return (f"float {acc}[{s.regs}];\nauto {acc}_rows = {rows};\nauto {acc}_ks = {ks};\n"
-          f"{call}<{args}>({acc}, {a}, {b}, g_gather<decltype({acc}_rows), decltype({acc}_ks){chunked}>{{{ctx[m.src[2]]}, {acc}_rows, {acc}_ks}});")
+  return f"float {ctx.names[m]}[{s.regs}];\n{decl}{call}<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]}{gather});"
 
 
 def shared_bytes(linear: UOp) -> int:

@@ -60,8 +60,8 @@ template <int R> __device__ __forceinline__ void g_wgmma_hold(float* d) {
 }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
-template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
-__device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B) {
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
+__device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
   constexpr int BK = 64, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
   constexpr int A_BYTES = BM * BK * 2, STAGE = (BM + BN) * BK * 2;
   static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
@@ -70,15 +70,28 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
   unsigned char* smem = g_dynamic_shared + (base - raw);
   const int tid = threadIdx.x, wg = tid >> 7;
+  /* a gathered A (in 16-byte chunks: rules/opt/tensor_core.py Gather.chunked): the offsets of this thread's rows
+     (tid + t * THREADS) / 8, and a table of k's offsets after the tiles */
+  constexpr bool MATRIX = g_is_matrix<G>::value;
+  static_assert(MATRIX || G::chunked, "a gathered A on wgmma is copied in 16-byte chunks");
+  long long roff[BM * 8 / THREADS];
+  int* koff = reinterpret_cast<int*>(smem + STAGES * STAGE);
+  if constexpr (!MATRIX) {
+#pragma unroll
+    for (int t = 0; t < BM * 8 / THREADS; t++) roff[t] = gather.rows(gather.row0 + ((tid + t * THREADS) >> 3));
+    for (int k = tid; k < K; k += THREADS) koff[k] = gather.ks(k);
+    __syncthreads();
+  }
 #pragma unroll
   for (int e = 0; e < REGS; e++) acc[e] = 0.0f;
   auto load = [&](int stage, int k0) {
     unsigned char* sa = smem + stage * STAGE;
     unsigned char* sb = sa + A_BYTES;
+    const T* a = MATRIX ? A + k0 + (tid & 7) * 8 : A + koff[k0 + (tid & 7) * 8];
 #pragma unroll
     for (int t = 0; t < BM * 8 / THREADS; t++) {
       const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
-      g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), A + row * LDA + k0 + chunk * 8);
+      g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), a + (MATRIX ? row * LDA : roff[t]));
     }
 #pragma unroll
     for (int t = 0; t < BN * 8 / THREADS; t++) {
@@ -120,8 +133,9 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
 """])
 
 
-def render_wgmma(ctx, m: UOp) -> str:
+def render_wgmma(ctx, m: UOp, gather: str = "") -> str:
+  """The tile's call; `gather`: a gathered A's last argument (renderers/cuda_mma.py gather_text, which declares it)."""
   s = m.arg
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
-  return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
+  return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]}{gather});"

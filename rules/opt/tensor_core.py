@@ -66,8 +66,11 @@ FMA_PAD = 4                # floats added to a row of the FMA tile's B (its colu
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
-# strict float32 with a gathered A (a convolution) on the FMA units: (BM, BN, BK, STAGES); a lane holds 8x8 outputs
-FMA_TILES = ((128, 128, 8, 4), (64, 128, 8, 4), (64, 64, 8, 4))
+# strict float32 with a gathered A (a convolution) on the FMA units: (BM, BN, WM, WN, BK, STAGES), BM*BN/64 lanes of
+# 8x8 outputs each (WM x WN: their warps). H100, conv 32x128x56x56 3x3 (bench/conv_variants.py), the product alone:
+# 128x128 with BK 8 and 4 slices in flight 0.748 ms; BK 8 and 2 or 3 slices, BK 16 and 3: 0.740-0.765; 64x128 0.751;
+# 128x64 0.800; 64x64 0.813 (the implicit product's float32 tiles before: 0.922)
+FMA_TILES = ((128, 128, 8, 1, 8, 4), (64, 128, 4, 1, 8, 4), (64, 64, 2, 1, 8, 4))
 
 
 def tf32_requested() -> bool:
@@ -261,20 +264,12 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
   divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
   wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
-    gather is None and not tile_text() and wgmma_enabled() else []
-  fits = [t for t in (fma_tiles() if fma else tiles(itemsize)) if divides(t)]
+    (gather is None or gather.chunked) and not tile_text() and wgmma_enabled() else []
+  fits = [t for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if not wgmma and not fits: return None
   bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
   spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather, fma)
   return Product(st, red, a, b, rows, j, ks, batch, spec)
-
-
-def fma_tiles() -> tuple[tuple[int, ...], ...]:
-  """FMA_TILES as (BM, BN, WM, WN, BK, STAGES) (WM x WN: the 32-lane groups of a block's BM*BN/64 lanes). TEMP
-  GRAFT_FMA_TILE="BM,BN,BK,STAGES" imposes one (measuring)."""
-  text = os.environ.get("GRAFT_FMA_TILE", "").strip()
-  ts = (tuple(int(v) for v in text.split(",")),) if text else FMA_TILES
-  return tuple((bm, bn, bm * bn // 64 // 32, 1, bk, st) for bm, bn, bk, st in ts)
 
 
 def capability(arch: str) -> int:
