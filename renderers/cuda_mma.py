@@ -13,6 +13,10 @@ accumulator stays in a register); `GEP(MMA, e)` is element e of the array. The t
   with float32 accumulators.
 Accumulator e = (mt * NT + nt) * 4 + c holds the output at row mt*16 + lane/4 + 8*(c/2) and column
 nt*8 + 2*(lane%4) + c%2 of the warp's tile (the PTX fragment layout of m16n8k16's C).
+A gathered A (a convolution) passes `g_gather<rows, ks[, chunked]>`: its row offsets and k offsets as lambdas; the
+copy computes a thread's row offsets once and the k offsets once per block into a table after the tiles, then copies
+16-byte chunks (chunked: a channels-last input) or single elements. A strict float32 tile (`TileSpec.fma`) renders as
+`g_fma_tile`: the same staging by 4-byte cp.async, 8x8 outputs per lane on the FMA units.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes

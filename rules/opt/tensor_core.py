@@ -1,22 +1,26 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
 operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` and for a
 convolution -- or, with GRAFT_TF32=1, of two float32 operands (TF32), runs on `mma.sync` (m16n8k16; m16n8k8 for
-TF32; or, a 16-bit matrix product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias,
-activation, residual, cast) applied to its accumulators before the store.
+TF32; or, a 16-bit product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias, activation,
+residual, cast) applied to its accumulators before the store. A strict float32 convolution (two float32 operands,
+GRAFT_TF32 unset, A gathered) takes the same tile's staging on the FMA units (`TileSpec.fma`).
 
 Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), *ks))))`
 (float32 loads without the CASTs for TF32) whose only loops are its output loops and the ks; both indices affine.
 B: one output loop j in its index and not A's, its k loops one flat loop (`collapse`) along which B is contiguous, or
 B contiguous along j. A: its rows, the output loops in its index and not B's; either a matrix (k one flat loop of
 stride 1; its innermost row loop i, the others a batch; row stride a multiple of 16 bytes) or gathered (a
-convolution's windows: `Gather`, every row loop and k loop with its stride). Every other output loop is a batch
+convolution's windows: `Gather`, every row loop and k loop with its stride; `chunked` where k's innermost loop is
+contiguous and every offset a whole number of 16-byte chunks: a channels-last input, tensor/nn.py `conv2d`). Every
+other output loop is a batch
 (strides multiples of 16 bytes); the sizes divide a tile. A matrix A is preferred where either operand could be A.
 Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole product tile:
 
 - `MMA(INDEX(A, the tile's first row), INDEX(B, its first column)[, the first flat row], arg=TileSpec)`, dtype
   `float32.vec(regs)`: a block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies
   its tiles of A and B into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix`
-  reads hit 32 banks; a gathered A element by element, from its base at row 0 and the flat row given), and each warp
+  reads hit 32 banks; a gathered A from its base at row 0 and the flat row given, in chunks where `chunked`, else
+  element by element), and each warp
   reads its fragments with `ldmatrix` (`.trans` for a 16-bit B stored along j) and accumulates its (BM/WM) x (BN/WN)
   outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
 - `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
@@ -29,7 +33,14 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
 that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
 warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
-warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
+warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
+mma.sync.
+
+Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
+loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
+rules/opt/gpu_tile.py). BM*BN/64 lanes each hold 8x8 outputs (`accumulator_at`); the tiles are staged as above by
+4-byte cp.async, stored along k and read 4 floats at a time. A strict float32 convolution the FMA tiles do not divide
+goes on to stage `implicit_product` (rules/opt/implicit.py).
 
 A kernel that does not match, or any kernel on a GPU older than sm_80 (Ampere: cp.async, mma.sync m16n8k16 for bf16
 and m16n8k8 for TF32 start there), is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
@@ -59,8 +70,9 @@ TF32_TILES = TILES
 # warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 3 slices (128x256: 145 KiB of shared memory; 128x128: 97 KiB,
 # two blocks a multiprocessor); taken where one gives every multiprocessor a block, else the mma.sync tiles above.
 # H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events: 128x256 with 3 slices 558 / 453, with 4 559 / 427; 128x128 with 3
-# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices (not
-# gathered): TF32 and convolutions take mma.sync.
+# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices or
+# gathered in 16-byte chunks (a channels-last convolution: 128x128, 0.082 ms at 32x128x56x56 against mma.sync's 0.109):
+# TF32 and other gathered operands take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
