@@ -29,7 +29,8 @@ shared memory through 64-bit matrix descriptors). The template:
   it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
 A gathered A (a channels-last convolution: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
-(`wait_group 0`): with one left in flight ptxas serialized every wgmma of such a kernel (C7514).
+(`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
+STAGES - 1 slices ahead, in 3 slices (97 KiB and the table: 2 blocks a multiprocessor).
 Accumulator e of a lane (the PTX fragment layout of m64nNk16's D, which is mma.m16n8k16's C per 8 columns) holds the
 output at row 16 * (warp % 4) + lane / 4 + 8 * ((e % 4) / 2) of its warpgroup's 64 rows and column
 8 * (e / 4) + 2 * (lane % 4) + e % 2: the layout of renderers/cuda_mma.py with one m16 fragment per warp (WM = BM/16
@@ -78,6 +79,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   /* a gathered A (in 16-byte chunks: rules/opt/tensor_core.py Gather.chunked): the offsets of this thread's rows
      (tid + t * THREADS) / 8, and a table of k's offsets after the tiles */
   constexpr bool MATRIX = g_is_matrix<G>::value;
+  constexpr int AHEAD = MATRIX ? STAGES - 2 : STAGES - 1;   /* slices copied ahead: a gathered A's steps wait for their group */
   static_assert(MATRIX || G::chunked, "a gathered A on wgmma is copied in 16-byte chunks");
   long long roff[BM * 8 / THREADS];
   int* koff = reinterpret_cast<int*>(smem + STAGES * STAGE);
@@ -111,12 +113,12 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     }
   };
 #pragma unroll
-  for (int s = 0; s < STAGES - 2; s++) {
+  for (int s = 0; s < AHEAD; s++) {
     if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
   for (int kt = 0; kt < KT; kt++) {
-    g_cp_async_wait<STAGES - 3>();   /* slice kt has landed (for this thread's copies) */
+    g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
@@ -127,8 +129,8 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
       g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    /* while the tensor cores work: the copies of slice kt + STAGES - 2, into the stage slice kt - 2 left */
-    if (kt + STAGES - 2 < KT) load((kt + STAGES - 2) % STAGES, (kt + STAGES - 2) * BK);
+    /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
+    if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
     g_cp_async_commit();
     if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
     else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */

@@ -457,7 +457,7 @@ def test_a_half_convolution_with_a_block_for_every_multiprocessor_takes_warpgrou
   # 4 multiprocessors: 512 rows x 128 filters are 4 blocks of 128 x 128; k = 9 x 64 channels, slices of 64
   t, want = conv_case(np.float16, c=64, o=128, hw=(16, 16), bias=True)
   got, specs = on_model_grid(t, monkeypatch, multiprocessors=4)
-  assert [(s.wgmma, s.gather.chunked) for s in specs] == [(True, True)]
+  assert [(s.wgmma, s.gather.chunked, s.stages) for s in specs] == [(True, True, 3)]   # (each step waits for its group)
   assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-1)
 
 

@@ -75,6 +75,7 @@ TF32_TILES = TILES
 # gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
 # mma.sync's 0.109): TF32 and other gathered operands take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
+WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
@@ -281,6 +282,7 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   fits = [t for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if not wgmma and not fits: return None
   bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
+  if wgmma and gather is not None: stages = WGMMA_GATHERED_STAGES
   spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather, fma)
   return Product(st, red, a, b, rows, j, ks, batch, spec)
 
