@@ -300,6 +300,7 @@ class KernelizeContext:
   kernels: list[UOp] = field(default_factory=list)
   explanations: list[str] = field(default_factory=list)
   counter: itertools.count = field(default_factory=itertools.count)
+  buffers: dict[tuple[UOp, str], UOp] = field(default_factory=dict)   # (value, device) -> its buffer's view
 
   def new_buffer(self, dtype, size: int, device: str) -> UOp:
     return UOp(Ops.BUFFER, dtype, (), NewBuffer(size, device, next(self.counter)))
@@ -314,7 +315,13 @@ def device_of_inputs(x: UOp) -> str | None:
 def _kernel_for(ctx: KernelizeContext, c: UOp, x: UOp) -> UOp:
   shape = shape_of(x)
   device = (c.arg.device if c.arg else None) or device_of_inputs(x) or ctx.default_device
+  # a value stored for two reasons is one buffer: the gradient stores a forward product its backward reads, the realize
+  # stage the same product (a reduction another reads) once the operands inside it are stored too, a node of another
+  # identity until then. Two buffers would be filled by one kernel of two stores, which no product tile plan takes.
+  # An output keeps a buffer of its own (it is returned to the caller).
+  if (c.arg is None or c.arg.device is None) and (done := ctx.buffers.get((x, device))) is not None: return done
   out = UOp(Ops.VIEW, x.dtype, (ctx.new_buffer(x.dtype, View.contiguous(shape).size, device),), View.contiguous(shape))
+  if c.arg is None or c.arg.device is None: ctx.buffers[(x, device)] = out
   ctx.kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(out, x)),), arg=device))
   why = c.arg.why if c.arg else "contiguous() in the program"
   ctx.explanations.append(f"kernel {len(ctx.kernels) - 1}: buffer of shape {shape} on {device}: {why}")
