@@ -227,6 +227,52 @@ realize_rules = PatternMatcher([
 ], name="realize")
 
 
+# ---- reuse: one buffer per stored value, and a stored reduction is read from it wherever it is computed ----
+@dataclass
+class ReuseContext:
+  """The reuse stage's context: each value a CONTIGUOUS stores (not an output's or a copy's) -> that CONTIGUOUS."""
+  stored: dict[UOp, UOp] = field(default_factory=dict)
+
+
+def _is_output(c: UOp) -> bool: return c.arg is not None and c.arg.device is not None
+
+
+def one_buffer_per_value(ctx: ReuseContext, c: UOp) -> UOp | None:
+  """A value stored for two reasons is one buffer: the gradient stores a forward product its backward reads, the
+  realize stage the same product (a reduction another reads) once the operands inside it are stored too: a node of
+  another identity until then, equal now that its sources are (bottom-up). Two buffers were filled by one kernel of
+  two stores, which no product tile plan of the GPU takes. An output keeps a buffer of its own."""
+  if _is_output(c): return None
+  kept = ctx.stored.setdefault(c.src[0], c)
+  return kept if kept is not c else None
+
+
+def read_stored_reductions(ctx: ReuseContext, sink: UOp) -> UOp | None:
+  """Each reduction a CONTIGUOUS stores is read from that buffer by every value that computes it inline, a store of
+  another reduction included (attention's scores over q + bias: the qkv product once). The realize stage looks stored
+  values up as it rewrites, so it misses one whose operands it stored after (the qkv product: stored raw by the
+  gradient, and computed again into q + bias once the layer norm before it was stored); here, the root visited last,
+  the graph is final. A reduction that is an output too is read from the output's buffer. One pass, sources first."""
+  outputs = {n.src[0]: n for n in sink.toposort if n.op is Ops.CONTIGUOUS and _is_output(n)}
+  new: dict[UOp, UOp] = {}
+  for n in sink.toposort:
+    if n.op is Ops.CONTIGUOUS and n.src[0] in new and n.src[0].op is Ops.REDUCE_AXIS:   # a store of a stored reduction
+      new[n] = new[n.src[0]]
+      continue
+    moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
+    if n.op is Ops.REDUCE_AXIS and (store := outputs.get(n, ctx.stored.get(n))) is not None:
+      new[n] = store.replace(src=(moved,))   # its readers read the buffer
+    elif moved is not n: new[n] = moved
+  out = new.get(sink, sink)
+  return None if out is sink else out
+
+
+reuse_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c"), one_buffer_per_value),
+  (UPat(Ops.SINK, name="sink"), read_stored_reductions),
+], name="reuse")
+
+
 # ---- share: a value read by kernels of several depths is stored once ----
 @dataclass
 class ShareContext:
@@ -300,7 +346,6 @@ class KernelizeContext:
   kernels: list[UOp] = field(default_factory=list)
   explanations: list[str] = field(default_factory=list)
   counter: itertools.count = field(default_factory=itertools.count)
-  buffers: dict[tuple[UOp, str], UOp] = field(default_factory=dict)   # (value, device) -> its buffer's view
 
   def new_buffer(self, dtype, size: int, device: str) -> UOp:
     return UOp(Ops.BUFFER, dtype, (), NewBuffer(size, device, next(self.counter)))
@@ -315,13 +360,7 @@ def device_of_inputs(x: UOp) -> str | None:
 def _kernel_for(ctx: KernelizeContext, c: UOp, x: UOp) -> UOp:
   shape = shape_of(x)
   device = (c.arg.device if c.arg else None) or device_of_inputs(x) or ctx.default_device
-  # a value stored for two reasons is one buffer: the gradient stores a forward product its backward reads, the realize
-  # stage the same product (a reduction another reads) once the operands inside it are stored too, a node of another
-  # identity until then. Two buffers would be filled by one kernel of two stores, which no product tile plan takes.
-  # An output keeps a buffer of its own (it is returned to the caller).
-  if (c.arg is None or c.arg.device is None) and (done := ctx.buffers.get((x, device))) is not None: return done
   out = UOp(Ops.VIEW, x.dtype, (ctx.new_buffer(x.dtype, View.contiguous(shape).size, device),), View.contiguous(shape))
-  if c.arg is None or c.arg.device is None: ctx.buffers[(x, device)] = out
   ctx.kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(out, x)),), arg=device))
   why = c.arg.why if c.arg else "contiguous() in the program"
   ctx.explanations.append(f"kernel {len(ctx.kernels) - 1}: buffer of shape {shape} on {device}: {why}")
