@@ -14,6 +14,13 @@ for a product (`_mul_sum`) is stored as its halves from under its views (`store`
 the product keeps the form tensor cores take. Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
+Stage `stored_reads` (rule set `stored_read_rules`, before `share`) reads each value the graph stores already
+(`contiguous()`: a user's, the gradient's) from its buffer wherever else it is computed inline.
+
+Stage `reuse` (rule set `reuse_rules`, ctx: `ReuseContext`, after `realize`) makes one CONTIGUOUS of each stored value
+(the gradient's and a realize rule's of one node) and reads each stored reduction from its buffer wherever it is
+computed inline: no value is stored twice, none recomputed where its buffer exists.
+
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
 `VIEW(BUFFER)` of a new buffer and records the kernel `KERNEL(STORE(VIEW(BUFFER), x))` that fills it, and each
 `COPY` by a new buffer and a copy record. The order of the records means nothing: the schedule runs the kernels in
@@ -247,30 +254,65 @@ def one_buffer_per_value(ctx: ReuseContext, c: UOp) -> UOp | None:
   return kept if kept is not c else None
 
 
+def read_from_stores(sink: UOp, store_of: Callable[[UOp], UOp | None]) -> UOp | None:
+  """sink with every value that `store_of` says a CONTIGUOUS stores read from that buffer wherever it is computed
+  inline, inside another store too; a second store of it is the first. One pass, sources first (a value over a stored
+  one reads that one's buffer)."""
+  new: dict[UOp, UOp] = {}
+  for n in sink.toposort:
+    if n.op is Ops.CONTIGUOUS and store_of(n.src[0]) is not None and (s := new.get(n.src[0])) is not None:
+      new[n] = s   # the store itself (or another store of the same value)
+      continue
+    moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
+    if (store := store_of(n)) is not None: new[n] = store.replace(src=(moved,))   # its readers read the buffer
+    elif moved is not n: new[n] = moved
+  out = new.get(sink, sink)
+  return None if out is sink else out
+
+
 def read_stored_reductions(ctx: ReuseContext, sink: UOp) -> UOp | None:
   """Each reduction a CONTIGUOUS stores is read from that buffer by every value that computes it inline, a store of
   another reduction included (attention's scores over q + bias: the qkv product once). The realize stage looks stored
   values up as it rewrites, so it misses one whose operands it stored after (the qkv product: stored raw by the
   gradient, and computed again into q + bias once the layer norm before it was stored); here, the root visited last,
-  the graph is final. A reduction that is an output too is read from the output's buffer. One pass, sources first."""
+  the graph is final. A reduction that is an output too is read from the output's buffer."""
   outputs = {n.src[0]: n for n in sink.toposort if n.op is Ops.CONTIGUOUS and _is_output(n)}
-  new: dict[UOp, UOp] = {}
-  for n in sink.toposort:
-    if n.op is Ops.CONTIGUOUS and n.src[0] in new and n.src[0].op is Ops.REDUCE_AXIS:   # a store of a stored reduction
-      new[n] = new[n.src[0]]
-      continue
-    moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
-    if n.op is Ops.REDUCE_AXIS and (store := outputs.get(n, ctx.stored.get(n))) is not None:
-      new[n] = store.replace(src=(moved,))   # its readers read the buffer
-    elif moved is not n: new[n] = moved
-  out = new.get(sink, sink)
-  return None if out is sink else out
+  return read_from_stores(sink, lambda n: outputs.get(n, ctx.stored.get(n)) if n.op is Ops.REDUCE_AXIS else None)
 
 
 reuse_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c"), one_buffer_per_value),
   (UPat(Ops.SINK, name="sink"), read_stored_reductions),
 ], name="reuse")
+
+
+# ---- stored_reads: a value the program stores is read from its buffer ----
+def read_graph_stores(sink: UOp) -> UOp | None:
+  """Each value the graph stores already (`contiguous()` of it: a user's, or the gradient's, which stores the incoming
+  gradient of a product) is read from that buffer wherever else it is computed inline. A linear layer's backward
+  stores d(pre-activation) for its two products, and its bias gradient summed the same value recomputed from the
+  GELU's derivative; read at two depths, every step of that derivative was then stored by the share stage, a chain
+  of a dozen elementwise kernels per layer."""
+  # a reshape stored (the gradient of a product, at the product's shape with its summed axis) stores the value itself:
+  # the buffer is the value's, read through the reshape
+  reshaped = {n: UOp(Ops.VIEW, n.dtype, (UOp(Ops.CONTIGUOUS, n.dtype, (n.src[0].src[0],)),), View.contiguous(shape_of(n)))
+              for n in sink.toposort if n.op is Ops.CONTIGUOUS and n.arg is None and _is_reshape(n.src[0])}
+  if reshaped: sink = substitute(sink, reshaped)
+  stores = {n.src[0]: n for n in sink.toposort
+            if n.op is Ops.CONTIGUOUS and n.arg is None and not is_buffer_view(n.src[0]) and n.src[0].op is not Ops.CONST}
+  out = read_from_stores(sink, stores.get) if stores else None
+  return out if out is not None or not reshaped else sink
+
+
+def _is_reshape(v: UOp) -> bool:
+  """v is a VIEW that only reshapes a computed value (not a buffer's or a constant's)."""
+  return (v.op is Ops.VIEW and v.src[0].op not in (Ops.BUFFER, Ops.CONST, Ops.VIEW) and v.arg.is_contiguous
+          and v.arg.size == math.prod(shape_of(v.src[0])))
+
+
+stored_read_rules = PatternMatcher([
+  (UPat(Ops.SINK, name="sink"), read_graph_stores),
+], name="stored_reads")
 
 
 # ---- share: a value read by kernels of several depths is stored once ----

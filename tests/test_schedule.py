@@ -174,6 +174,27 @@ def test_a_value_stored_by_the_gradient_and_by_the_realize_stage_is_one_buffer(m
   for g, tg in zip(grads, (ta, tw1, tw2)): np.testing.assert_allclose(g.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+def test_a_linear_layers_gelu_backward_is_one_kernel(monkeypatch):
+  # the backward stores d(pre-activation) for its two products; the bias gradient reads that buffer too (rule
+  # read_graph_stores), instead of recomputing it, which had the share stage store each step of the GELU's derivative
+  # (read at two depths): 8 elementwise kernels of the layer's shape, now 1 (and 1 for the forward's GELU)
+  a, w1, b1, w2 = (Tensor(rng.standard_normal(s).astype(np.float32) * 0.1, requires_grad=True, device="CPU")
+                   for s in ((64, 32), (32, 48), (48,), (48, 32)))
+  h = (a @ w1 + b1).gelu() @ w2
+  loss = (h * h).sum()
+  loss.backward()
+  grads = [a.grad, w1.grad, b1.grad, w2.grad]
+  monkeypatch.setenv("GRAFT_EXTERN", "0")
+  program = build_program([(t.uop, "CPU") for t in [loss, *grads]])
+  assert sum(k.name.startswith("E_64_48_") for k in program.kernels_called()) == 2, program.listing
+  Tensor.realize_all(loss, *grads)
+  import torch
+  ta, tw1, tb1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (a, w1, b1, w2))
+  th = torch.nn.functional.gelu(ta @ tw1 + tb1, approximate="tanh") @ tw2
+  (th * th).sum().backward()
+  for g, tg in zip(grads, (ta, tw1, tb1, tw2)): np.testing.assert_allclose(g.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_attention_computes_its_scores_once():
   # the max and the sum read the scores from a buffer, and so do the probabilities: q @ k.T runs in one kernel
   q, k, v = (Tensor(rng.standard_normal((2, 16, 8)).astype(np.float32)) for _ in range(3))
