@@ -124,13 +124,32 @@ def read_realized_reductions(ctx: RealizeContext, x: UOp) -> UOp:
 
 
 def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
+  # a value the program stores already (contiguous(): a user's, the gradient's, read as it is or reshaped) is the
+  # output: its buffer is returned, and every reader inside reads it there (no second buffer, no copy kernel; a
+  # parameter's gradient is written by its product)
+  # (a value output twice, a gradient and the momentum buffer it starts, is left as it was: two buffers, not one)
+  stored = [s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None for s in sink.src]
+  once = {c for c in stored if c is not None and c.arg is None and stored.count(c) == 1}
+  swap: dict[UOp, UOp] = {}
   def output(s: UOp, device: str) -> UOp:
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
+    if (c := s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None) in once:
+      out = UOp(Ops.CONTIGUOUS, s.dtype, (c.src[0] if s is c else s.replace(src=c.src),),
+                Realized(device, "contiguous() in the program, an output of this realize"))
+      swap[c] = out if s is c else UOp(Ops.VIEW, c.dtype, (out,), View.contiguous(shape_of(c)))   # read back as stored
+      return out
     # a user's contiguous() that is an output still lives on the output's device
     if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize"))
     return decide(ctx, s, "an output of this realize", device)
   srcs = tuple(output(s, sink.arg[i]) for i, s in enumerate(sink.src))
-  return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
+  if srcs == sink.src: return None
+  return substitute(UOp(Ops.SINK, sink.dtype, srcs, sink.arg), swap) if swap else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
+
+
+def _reshapes_store(v: UOp) -> bool:
+  """v only reshapes what a CONTIGUOUS stores."""
+  return (v.op is Ops.VIEW and v.src[0].op is Ops.CONTIGUOUS and v.arg.is_contiguous
+          and v.arg.size == math.prod(shape_of(v.src[0])))
 
 
 def widened_half(x: UOp) -> bool:

@@ -187,6 +187,9 @@ def test_a_linear_layers_gelu_backward_is_one_kernel(monkeypatch):
   monkeypatch.setenv("GRAFT_EXTERN", "0")
   program = build_program([(t.uop, "CPU") for t in [loss, *grads]])
   assert sum(k.name.startswith("E_64_48_") for k in program.kernels_called()) == 2, program.listing
+  # and each gradient is written where it is computed (by its product, its sum), not copied into the output after
+  writer = {line.split(" <- ")[0].split()[-1]: line.split()[1] for line in program.listing.splitlines()[2:] if " call " in f" {line} "}
+  assert all(writer[f"out{i}"].startswith("r_") for i in range(1, 5)), program.listing
   Tensor.realize_all(loss, *grads)
   import torch
   ta, tw1, tb1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (a, w1, b1, w2))
