@@ -58,3 +58,12 @@ def test_first_call_bench_splits_a_cold_call_into_lowering_compiling_and_the_res
   assert lines[0].startswith("first call") and "compile" in lines[0]
   total, lower, compile_, rest = map(float, lines[1].split()[1:])
   assert lines[1].startswith("ew") and total > 0 and lower > 0 and compile_ > 0 and abs(total - lower - compile_ - rest) < 2e-3   # (each rounded to 1 ms)
+
+
+def test_train_kernels_bench_lists_kernels_and_splits_the_step_into_phases():
+  out = bench("train_kernels.py", "--layers", "1", "--tokens", "8", "--width", "32", "--heads", "2", "--vocab", "64",
+              "--top", "5", "--phases")
+  lines = out.splitlines()
+  assert lines[0].startswith("CPU training step, 1 layers") and "kernel time" in lines[0]
+  assert len([l for l in lines if " ms  x" in l]) == 5
+  assert lines[-1].startswith("phases (kernel ms): forward ") and ", backward " in lines[-1] and ", optimizer " in lines[-1]
