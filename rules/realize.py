@@ -275,16 +275,26 @@ def one_buffer_per_value(ctx: ReuseContext, c: UOp) -> UOp | None:
 
 def read_from_stores(sink: UOp, store_of: Callable[[UOp], UOp | None]) -> UOp | None:
   """sink with every value that `store_of` says a CONTIGUOUS stores read from that buffer wherever it is computed
-  inline, inside another store too; a second store of it is the first. One pass, sources first (a value over a stored
-  one reads that one's buffer)."""
-  new: dict[UOp, UOp] = {}
-  for n in sink.toposort:
-    if n.op is Ops.CONTIGUOUS and store_of(n.src[0]) is not None and (s := new.get(n.src[0])) is not None:
-      new[n] = s   # the store itself (or another store of the same value)
-      continue
-    moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
-    if (store := store_of(n)) is not None: new[n] = store.replace(src=(moved,))   # its readers read the buffer
-    elif moved is not n: new[n] = moved
+  inline, inside another store too; a second store of it is the first. Sources first, so a value over a stored one
+  reads that one's buffer; two values that are equal once rewritten (a mean of x stored, another of x computed inline,
+  which reads x's buffer now) are one store. An equality found after the walk passed the other reader is caught by
+  the next walk, which starts from the stores found: a walk that makes no new one is the answer (two or three)."""
+  made: dict[UOp, UOp] = {}   # a stored value as rewritten -> its store
+  for _ in range(8):
+    new: dict[UOp, UOp] = {}
+    stores = set(made.values())
+    grew = False
+    for n in sink.toposort:
+      if n.op is Ops.CONTIGUOUS and (s := new.get(n.src[0])) is not None and s in stores:
+        new[n] = s   # the store itself (or another store of the same value)
+        continue
+      moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
+      if (done := made.get(moved)) is not None: new[n] = done
+      elif (store := store_of(n)) is not None:   # its readers read the buffer
+        new[n] = made[moved] = store.replace(src=(moved,))
+        stores.add(new[n]); grew = True
+      elif moved is not n: new[n] = moved
+    if not grew: break
   out = new.get(sink, sink)
   return None if out is sink else out
 
@@ -306,21 +316,11 @@ reuse_rules = PatternMatcher([
 
 
 # ---- stored_reads: a value the program stores is read from its buffer ----
-def read_graph_stores(sink: UOp) -> UOp | None:
-  """Each value the graph stores already (`contiguous()` of it: a user's, or the gradient's, which stores the incoming
-  gradient of a product) is read from that buffer wherever else it is computed inline. A linear layer's backward
-  stores d(pre-activation) for its two products, and its bias gradient summed the same value recomputed from the
-  GELU's derivative; read at two depths, every step of that derivative was then stored by the share stage, a chain
-  of a dozen elementwise kernels per layer."""
-  # a reshape stored (the gradient of a product, at the product's shape with its summed axis) stores the value itself:
-  # the buffer is the value's, read through the reshape
-  reshaped = {n: UOp(Ops.VIEW, n.dtype, (UOp(Ops.CONTIGUOUS, n.dtype, (n.src[0].src[0],)),), View.contiguous(shape_of(n)))
-              for n in sink.toposort if n.op is Ops.CONTIGUOUS and n.arg is None and _is_reshape(n.src[0])}
-  if reshaped: sink = substitute(sink, reshaped)
-  stores = {n.src[0]: n for n in sink.toposort
-            if n.op is Ops.CONTIGUOUS and n.arg is None and not is_buffer_view(n.src[0]) and n.src[0].op is not Ops.CONST}
-  out = read_from_stores(sink, stores.get) if stores else None
-  return out if out is not None or not reshaped else sink
+def store_the_reshaped_value(c: UOp) -> UOp | None:
+  """A reshape stored (the gradient of a product, at the product's shape with its summed axis) stores the value itself,
+  read through the reshape: the buffer is the value's, which its other readers read (`read_graph_stores`)."""
+  if c.arg is not None or not _is_reshape(v := c.src[0]): return None
+  return UOp(Ops.VIEW, c.dtype, (UOp(Ops.CONTIGUOUS, c.dtype, (v.src[0],)),), View.contiguous(shape_of(c)))
 
 
 def _is_reshape(v: UOp) -> bool:
@@ -329,7 +329,19 @@ def _is_reshape(v: UOp) -> bool:
           and v.arg.size == math.prod(shape_of(v.src[0])))
 
 
+def read_graph_stores(sink: UOp) -> UOp | None:
+  """Each value the graph stores already (`contiguous()` of it: a user's, or the gradient's, which stores the incoming
+  gradient of a product) is read from that buffer wherever else it is computed inline. A linear layer's backward
+  stores d(pre-activation) for its two products, and its bias gradient summed the same value recomputed from the
+  GELU's derivative; read at two depths, every step of that derivative was then stored by the share stage, a chain
+  of a dozen elementwise kernels per layer."""
+  stores = {n.src[0]: n for n in sink.toposort
+            if n.op is Ops.CONTIGUOUS and n.arg is None and not is_buffer_view(n.src[0]) and n.src[0].op is not Ops.CONST}
+  return read_from_stores(sink, stores.get) if stores else None
+
+
 stored_read_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value),
   (UPat(Ops.SINK, name="sink"), read_graph_stores),
 ], name="stored_reads")
 
