@@ -56,12 +56,13 @@ TILES = ((128, 128, 2, 2, 32, 3), (64, 128, 2, 2, 32, 3), (64, 64, 2, 2, 32, 3))
 # float32 (TF32) tiles: the same warps, slices of 32 floats (3 x (128 + 128) x 32 floats: 96 KiB of shared memory)
 TF32_TILES = TILES
 # Hopper (sm_90): warpgroup MMA tiles, BK 64 (one 128-byte swizzled row), a warp per 16 rows (WM = BM/16, WN = 1:
-# warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 3 slices (128x256: 145 KiB of shared memory; 128x128: 97 KiB,
-# two blocks a multiprocessor); taken where one gives every multiprocessor a block, else the mma.sync tiles above.
-# H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events: 128x256 with 3 slices 558 / 453, with 4 559 / 427; 128x128 with 3
-# 503 / 457, with 4 522 / 436 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices (not
-# gathered): TF32 and convolutions take mma.sync.
-WGMMA_TILES = ((128, 256, 8, 1, 64, 3), (128, 128, 8, 1, 64, 3))
+# warpgroup g holds rows 64g.., renderers/cuda_wgmma.py), 4 slices, 2 of them copied ahead of the one in use (128x256:
+# 193 KiB of shared memory; 128x128: 129 KiB); taken where one gives every multiprocessor a block, else the mma.sync
+# tiles above. H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events, one wgmma group left in flight: 128x256 with 4 slices
+# 554 / 462, with 3 379 / 326; 128x128 with 4 491 / 400, with 3 (2 blocks a multiprocessor) 438 / 365; 256x128 (4
+# warpgroups) with 4 561 / 444 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices
+# (not gathered): TF32 and convolutions take mma.sync.
+WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
