@@ -132,23 +132,46 @@ class Program:
     sum is the device's share of a run (benchmarks tell host time from kernel time by it)."""
     buffers, handles = self.bind(inputs)
     storage: list = [None] * len(self.storages)
+    done = 0   # steps run to their end
     try:
       if step_seconds is None:
-        for step in self.steps: self._step(step, handles, storage, debug)
+        for step in self.steps: self._step(step, handles, storage, debug); done += 1
       else:
         devices = [get_device(d) for d in sorted(self.devices)]
         for step in self.steps:
           for d in devices: d.synchronize()
           if step[0] == "call":   # the device's own clock: no launch overhead of the host's in a kernel's time
-            step_seconds.append(_launch(step[1], [handles[i] for i in step[2]], wait=True) or 0.0); continue
+            step_seconds.append(_launch(step[1], [handles[i] for i in step[2]], wait=True) or 0.0); done += 1; continue
           t0 = time.perf_counter()
           self._step(step, handles, storage, debug)
           for d in devices: d.synchronize()
-          step_seconds.append(time.perf_counter() - t0)
+          step_seconds.append(time.perf_counter() - t0); done += 1
+    except BaseException as e:
+      # which of the memory it was given the run had written (in place: a parameter, an optimizer's state), for the
+      # caller to say which of its tensors hold new values and which old ones
+      ran = {self.table[i][1] for s in self.steps[:done] for i in self.step_buffers(s)[0] if self.table[i][0] == "param"}
+      e.written_inputs = [inputs[j] for j in sorted(ran)]
+      raise
     finally:
       for s, h in enumerate(storage):  # after a failure, what is still held goes back too
         if h is not None: get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])
     return self.results(buffers)
+
+  @staticmethod
+  def step_buffers(step: tuple) -> tuple[set[int], set[int]]:
+    """(table entries written, entries read) of one step (a pick's: the option it took, else its first)."""
+    if step[0] in ("alloc", "free"): return set(), set()
+    if step[0] == "copy": return {step[1]}, {step[2]}
+    calls = [(step[1], step[2])] if step[0] == "call" else \
+            [(step[3], [step[4][i] for i in step[3].args])] if step[0] == "extern" else (step[2][1] or step[1][0][1])
+    written, read = set(), set()
+    for ck, idx in calls:
+      ck = getattr(ck, "kernel", ck)
+      if len(idx) != len(ck.args):   # a library call: its operands, the output first
+        written.add(idx[0]); read |= set(idx[1:]); continue
+      stored = {n.arg for u in ck.linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL}
+      for slot, i in zip(ck.args, idx): (written if slot in stored else read).add(i)
+    return written, read
 
   def bind(self, inputs: list) -> tuple[list, list]:
     """Per table entry, the Buffer of a run (the input for a parameter, a new one for a returned buffer, None for an
