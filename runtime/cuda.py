@@ -462,6 +462,7 @@ class CUDADevice(Device):
   """GPU 0 through its primary context. Creating it loads the driver (CUDAUnavailable without one)."""
   name = "CUDA"
   renderer_module = "renderers.cuda"
+  compilers = max(1, min(8, os.cpu_count() or 1))   # nvcc processes at once (Device.compilers)
 
   def __init__(self, ordinal: int = 0):
     lib = driver()

@@ -15,6 +15,7 @@ DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per s
 """
 from __future__ import annotations
 import contextlib, hashlib, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
@@ -282,10 +283,17 @@ def _build(low: _Lowered, params: list[UOp]) -> Program:
     if ck.program is None: pending.setdefault(ck.device, []).append(ck)
   with Progress("compiling", since=low.started) as progress:
     for device, cks in pending.items():
-      progress.line(f"building {len(cks)} kernels for {device} in one compiler call")
       dev = get_device(device)
-      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
-      for ck in cks: ck.program = programs[ck.name]
+      groups = compile_groups(cks, dev.compilers)
+      calls = "one compiler call" if len(groups) == 1 else f"{len(groups)} compiler calls side by side"
+      progress.line(f"building {len(cks)} kernels for {device} in {calls}")
+      def build(group: list[CompiledKernel]) -> dict:
+        return dev.build(dev.renderer.source([ck.source for ck in group]), [ck.name for ck in group])
+      if len(groups) == 1: built = [build(groups[0])]
+      else:   # (the compilers are processes: these threads only wait for them)
+        with ThreadPoolExecutor(len(groups)) as pool: built = list(pool.map(build, groups))
+      for group, programs in zip(groups, built):
+        for ck in group: ck.program = programs[ck.name]
   with _lock:
     if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
     _kernels.update(low.new)
@@ -293,6 +301,18 @@ def _build(low: _Lowered, params: list[UOp]) -> Program:
   program = Program(low.host, low.kernels, low.returned, low.outputs, params)
   program.explanations = low.explanations
   return program
+
+
+def compile_groups(cks: list[CompiledKernel], compilers: int) -> list[list[CompiledKernel]]:
+  """`cks` split into at most `compilers` groups, one source (one compiler call) each, of about equal work: the
+  longest sources first, each to the group with the least source so far (a kernel's compile time grows with its
+  source's length)."""
+  groups: list[list[CompiledKernel]] = [[] for _ in range(max(1, min(compilers, len(cks))))]
+  load = [0] * len(groups)
+  for ck in sorted(cks, key=lambda ck: -len(ck.source)):
+    i = load.index(min(load))
+    groups[i].append(ck); load[i] += len(ck.source)
+  return groups
 
 
 def new_buffers(kernels: list[UOp]) -> list[tuple[tuple[int, ...], UOp]]:
