@@ -58,7 +58,7 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
   # waits until the rewrite returns. Threads rewrite concurrently: the pause is counted (_pause_gc).
   _pause_gc()
   try:
-    if (recorder := viz.recorder) is not None and (rec := recorder.begin(stage, root, matcher, top_down)) is not None:
+    if (recorder := viz.recorder) is not None and (rec := recorder.begin(stage, root, top_down)) is not None:
       return _recorded(recorder, rec, root, matcher, ctx, top_down, stage)
     if not stats.active: return _rewrite(root, matcher, matcher.dispatch, ctx, top_down, stage)[0]
     t0 = time.perf_counter()
@@ -74,11 +74,13 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, name: str
 
 def _recorded(recorder: viz.Recorder, rec: viz.Rewrite, root: UOp, matcher: PatternMatcher, ctx, top_down: bool,
               stage: str) -> UOp:
-  """graph_rewrite while rewrite.viz records (rec: the recorder's record of this call): the recorder's dispatch names each rule
-  that fires; the statistics, when on, count the stage as usual."""
+  """graph_rewrite while rewrite.viz records (rec: the recorder's record of this call): rules are tried one at a time
+  so the recorder learns which one fired; the statistics, when on, count the stage and (REWRITE_STATS=2) each rule
+  as usual."""
   t0, out, error = time.perf_counter(), None, None
+  dispatch = _timed_dispatch(matcher, stage, fired=lambda rule, u, r, dt: recorder.step(rec, rule, u, r, dt))
   try:
-    out, rewrites = _rewrite(root, matcher, rec.dispatch, ctx, top_down, stage)
+    out, rewrites = _rewrite(root, matcher, dispatch, ctx, top_down, stage)
   except BaseException as e:
     error = e
     raise
@@ -360,8 +362,10 @@ def _checked_dispatch(matcher: PatternMatcher, stage: str) -> dict:
   return out
 
 
-def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
-  """Per-op functions that try each rule separately, timing matching and the rule's function apart."""
+def _timed_dispatch(matcher: PatternMatcher, stage: str, fired: Callable | None = None) -> dict:
+  """Per-op functions that try each rule separately, timing matching and the rule's function apart for the
+  statistics collectors at REWRITE_STATS=2 (if any), and telling `fired(rule, u, result, seconds)` which rule fired
+  (the viewer's recorder)."""
   perf = time.perf_counter
   collectors = [c for c in stats.active if c.level >= 2]
   out = {}
@@ -377,7 +381,9 @@ def _timed_dispatch(matcher: PatternMatcher, stage: str) -> dict:
         for rs in rstats:
           rs.attempts += 1; rs.fn_time += in_fn; rs.match_time += total - in_fn
           if r is not None: rs.matches += 1
-        if r is not None: return r
+        if r is not None:
+          if fired is not None: fired(rule, u, r, total)
+          return r
       return None
     out[op] = dispatch
   return out

@@ -105,6 +105,16 @@ def test_recording_changes_nothing_and_counts_what_the_engine_counts():
   assert viz.recorder is None, "record() puts back what was recording before"
 
 
+def test_per_rule_statistics_are_counted_while_recording():
+  x = UOp.variable("x", 0, 10)
+  rules = PatternMatcher([(UPat(Ops.ADD, src=(UPat(name="a"), UPat(Ops.CONST, arg=0))), lambda a: a, "add_zero")],
+                         name="add_zero_only")
+  with stats.collect(level=2) as plain: graph_rewrite((x + 0) * 2 + 0, rules)
+  with viz.record(), stats.collect(level=2) as recorded: graph_rewrite((x + 0) * 2 + 0, rules)
+  counts = lambda st: {(r.name, r.matches, r.attempts) for r in st.rules.values() if r.stage == "add_zero_only"}
+  assert counts(recorded) == counts(plain) == {("add_zero", 2, 2)}
+
+
 def test_a_rule_that_raises_is_recorded_with_its_error():
   def broken(a): raise ZeroDivisionError("no")
   rules = PatternMatcher([(UPat(Ops.NEG, name="a"), broken)], name="broken")

@@ -47,7 +47,6 @@ class Rewrite:
   error: str | None = None
   steps: list[Step] = field(default_factory=list)
   nested: list[Rewrite] = field(default_factory=list)
-  dispatch: dict = field(default_factory=dict, repr=False)   # the per-op matchers that record the steps
 
 
 @dataclass
@@ -107,44 +106,28 @@ class Recorder:
     if not hasattr(st, "scopes"): st.scopes, st.running, st.paused = [self.root], [], 0
     return st
 
-  def begin(self, stage: str, root, matcher, top_down: bool) -> Rewrite | None:
-    """A graph_rewrite starts: its record (whose `dispatch` it rewrites with), or None while paused."""
+  def begin(self, stage: str, root, top_down: bool) -> Rewrite | None:
+    """A graph_rewrite starts: its record (`step` fills it), or None while paused."""
     st = self._state()
     if st.paused: return None
     rec = Rewrite(stage, top_down, self.node(root))
     (st.running[-1].nested if st.running else st.scopes[-1].items).append(rec)
-    rec.dispatch = self._dispatch(rec, matcher)
     st.running.append(rec)
     return rec
 
   def end(self, rec: Rewrite, out, seconds: float, error: BaseException | None) -> None:
     st = self._state()
     st.running.remove(rec)
-    rec.dispatch = {}
     rec.seconds = seconds
     if out is not None: rec.after = self.node(out)
     if error is not None: rec.error = f"{type(error).__name__}: {error}"
 
-  def _dispatch(self, rec: Rewrite, matcher) -> dict:
-    """Per-op functions that try each rule apart (in the matcher's order, first result wins, as the compiled matcher
-    does) and record the one that fired."""
-    perf, steps, node, rule_number = time.perf_counter, rec.steps, self.node, self.rule
-    out = {}
-    for op in matcher.rules_for:
-      def dispatch(u, ctx, entries=matcher.per_rule(op)):
-        for rule, fn in entries:
-          t0 = perf()
-          r = fn(u, ctx)
-          if r is None: continue
-          dt = perf() - t0
-          if r is not u:
-            before = node(u)
-            first = len(self.nodes)
-            steps.append(Step(rule_number(rule), before, node(r), first, len(self.nodes), dt))
-          return r
-        return None
-      out[op] = dispatch
-    return out
+  def step(self, rec: Rewrite, rule, u, r, seconds: float) -> None:
+    """In the rewrite `rec`, `rule` returned r for node u, its function and matching taking `seconds`."""
+    if r is u: return
+    before = self.node(u)
+    first = len(self.nodes)
+    rec.steps.append(Step(self.rule(rule), before, self.node(r), first, len(self.nodes), seconds))
 
   @contextlib.contextmanager
   def scope(self, kind: str, name: str = ""):
