@@ -5,6 +5,7 @@ minimal reproduction of every failure.
   DEVICE=CUDA python3 bench/fuzz.py --count 2000 --jobs 12   # the same programs on a GPU
   python3 bench/fuzz.py --count 2000 --cuda-compile   # no GPU: their kernels rendered for CUDA, compiled by nvcc
   python3 bench/fuzz.py --count 1000 --sanitize       # kernels built with -fsanitize=address,undefined
+  python3 bench/fuzz.py --count 1000 --twice          # each program again on new data: the warm call checked
 
 Programs run `--batch` at a time in one realize (one compile; outputs of one shape may fuse into one kernel, which is
 itself worth testing); a batch with a failure is run again one program at a time to find it, and each failing
@@ -20,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.fuzz_programs import Generator, run_program, shrink, reproduction, names_of, op_name  # noqa: E402
+from tests.fuzz_programs import Generator, run_program as run_once, run_program_twice, shrink, reproduction, names_of, op_name  # noqa: E402
 
 
 def sanitized_env() -> dict[str, str]:
@@ -31,20 +32,22 @@ def sanitized_env() -> dict[str, str]:
           "UBSAN_OPTIONS": "print_stacktrace=1"}
 
 
-def run(count: int, seed: int, batch: int, shrink_failures: bool, jobs: int = 1, out=sys.stdout) -> collections.Counter:
+def run(count: int, seed: int, batch: int, shrink_failures: bool, jobs: int = 1, out=sys.stdout,
+        twice: bool = False) -> collections.Counter:
   t0 = time.perf_counter()
   if jobs > 1:   # seeds split into `jobs` processes (a GPU machine's compiles run side by side)
     import concurrent.futures, multiprocessing
     bounds = [seed + count * j // jobs for j in range(jobs + 1)]
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-      parts = list(pool.map(_run_part, [(lo, hi - lo, batch, shrink_failures) for lo, hi in zip(bounds, bounds[1:])]))
+      parts = list(pool.map(_run_part, [(lo, hi - lo, batch, shrink_failures, twice) for lo, hi in zip(bounds, bounds[1:])]))
     tally, ops, reports = collections.Counter(), collections.Counter(), []
     for t, o, r in parts: tally += t; ops += o; reports += r
-  else: tally, ops, reports = _run_part((seed, count, batch, shrink_failures))
+  else: tally, ops, reports = _run_part((seed, count, batch, shrink_failures, twice))
   for r in reports: print(r, file=out)
   device = os.environ.get("DEVICE", "CPU")
   print(f"\n{count} programs (seeds {seed}..{seed + count - 1}) on {device}"
-        f"{' with sanitizers' if os.environ.get('GRAFT_SANITIZE') == '1' else ''}, batches of {batch}: "
+        f"{' with sanitizers' if os.environ.get('GRAFT_SANITIZE') == '1' else ''}{', each twice' if twice else ''}, "
+        f"batches of {batch}: "
         f"{tally['ok']} ok, {tally['mismatch']} mismatch, {tally['error']} error"
         f"{', %d batch-only failures' % tally['batch only'] if tally['batch only'] else ''} in {time.perf_counter() - t0:.0f} s"
         f"{f' ({jobs} processes)' if jobs > 1 else ''}", file=out)
@@ -54,7 +57,8 @@ def run(count: int, seed: int, batch: int, shrink_failures: bool, jobs: int = 1,
 
 def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]]:
   """Programs seed..seed+count-1: (tally, nodes by op, a report of each failure)."""
-  seed, count, batch, shrink_failures = args
+  seed, count, batch, shrink_failures, twice = args
+  run_program = run_program_twice if twice else run_once
   tally: collections.Counter = collections.Counter()
   ops: collections.Counter = collections.Counter()
   failures = []
@@ -113,6 +117,8 @@ def main():
   ap.add_argument("--jobs", type=int, default=1, help="processes to split the seeds over")
   ap.add_argument("--cuda-compile", action="store_true", help="no GPU needed: render the programs' kernels for CUDA and "
                                                               "compile them with nvcc (nothing runs)")
+  ap.add_argument("--twice", action="store_true", help="run each program again on new inputs (a warm call: what the "
+                                                       "first call compiled and recorded is reused) and check that too")
   ap.add_argument("--sanitize", action="store_true", help="run again in a process whose kernels are built with "
                                                           "-fsanitize=address,undefined (GRAFT_SANITIZE=1)")
   args = ap.parse_args()
@@ -120,7 +126,7 @@ def main():
     argv = [a for a in sys.argv[1:] if a != "--sanitize"]
     sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=sanitized_env()).returncode)
   if args.cuda_compile: sys.exit(1 if compile_for_cuda(args.count, args.seed, max(1, args.batch)) else 0)
-  tally = run(args.count, args.seed, max(1, args.batch), not args.no_shrink, max(1, args.jobs))
+  tally = run(args.count, args.seed, max(1, args.batch), not args.no_shrink, max(1, args.jobs), twice=args.twice)
   sys.exit(0 if tally["ok"] == args.count and not tally["batch only"] else 1)
 
 

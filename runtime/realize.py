@@ -14,7 +14,7 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import contextlib, hashlib, threading, time
+import contextlib, hashlib, math, threading, time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from dataclasses import dataclass
@@ -225,6 +225,13 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
     if b is t[0] and u.arg == t[1]: continue  # assigned its own value
     if b in made_here: wanted[b] = t
     else:  # a value some kernel does not make here (an existing buffer, a copy from another device): copied across
+      if b is t[0]:
+        # the target's own memory read at other elements (x[::-1].assign(x)): one kernel would overwrite elements it
+        # has still to read, so the value goes through a buffer of its own first (numpy copies an overlapping value too)
+        aside = run.kernelize.new_buffer(u.dtype, math.prod(u.arg.shape), t[0].arg.device)
+        whole = View.contiguous(u.arg.shape)
+        kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (aside,), whole), u)),), arg=t[0].arg.device))
+        u = UOp(Ops.VIEW, u.dtype, (aside,), whole)
       kernels.append(UOp(Ops.KERNEL, src=(UOp(Ops.STORE, src=(UOp(Ops.VIEW, u.dtype, (t[0],), t[1]), u)),), arg=t[0].arg.device))
   # a target written in place is read by every kernel as it was before the realize (tensor/assign.py writes in place)
   kernels = read_before_written(kernels, {b: t[0] for b, t in wanted.items()},

@@ -118,6 +118,11 @@ def test_a_value_that_views_the_target_is_read_before_the_write_and_views_it_aft
   lambda t, a: (t.__setitem__(slice(None, -1), t[1:]), np.concatenate([a[1:], a[-1:]])),
   lambda t, a: (t.assign(t - t.max()), a - a.max()),
   lambda t, a: (t.assign(t * t + 1), a * a + 1),
+  # the target a view of the tensor whose memory the value reads, elsewhere (random programs found these wrong)
+  lambda t, a: (t[::-1].assign(t), a[::-1].copy()),
+  lambda t, a: (t.reshape(3, 3).T.assign(t.reshape(3, 3)), a.reshape(3, 3).T.reshape(-1)),
+  lambda t, a: (t.reshape(3, 3)[:, ::-1].__setitem__(slice(1, None), t.reshape(3, 3)[:2]),
+                np.concatenate([a[:3], a[:6].reshape(2, 3)[:, ::-1].reshape(-1)])),
 ])
 def test_updates_whose_value_reads_the_target_match_numpy(update):
   a = arr(9)

@@ -3,17 +3,18 @@
 Fixed seeds: the same few hundred programs on every run, in blocks realized together (one compile per block). A block
 that fails is run one program at a time, and the first failing program is shrunk and printed as a script."""
 import pytest
-from tests.fuzz_programs import Generator, Node, run_program, shrink, reproduction, names_of, numpy_values, op_name
+from tests.fuzz_programs import (Generator, Node, run_program, run_program_twice, shrink, reproduction, names_of,
+                                  numpy_values, op_name)
 
 BLOCK, BLOCKS = 25, 12   # 300 programs
 
 
-def _check(programs: dict[int, list]) -> None:
-  whole = run_program([o for p in programs.values() for o in p])
+def _check(programs: dict[int, list], run=run_program) -> None:
+  whole = run([o for p in programs.values() for o in p])
   if whole.kind == "ok": return
   for seed, p in programs.items():
-    if (outcome := run_program(p)).kind != "ok":
-      small = shrink(p, lambda c: run_program(c).kind != "ok", budget=60)
+    if (outcome := run(p)).kind != "ok":
+      small = shrink(p, lambda c: run(c).kind != "ok", budget=60)
       pytest.fail(f"seed {seed}: {outcome.kind}: {outcome.detail}\nsmallest failing program:\n{reproduction(small)}")
   pytest.fail(f"the block fails only when its programs are realized together: {whole.detail}")
 
@@ -21,6 +22,12 @@ def _check(programs: dict[int, list]) -> None:
 @pytest.mark.parametrize("block", range(BLOCKS))
 def test_random_programs_agree_with_numpy(block):
   _check({s: Generator(s).program() for s in range(block * BLOCK, (block + 1) * BLOCK)})
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_random_programs_called_again_on_new_data_agree_with_numpy(block):
+  # the second call reuses what the first compiled and recorded (a warm call): it must compute on its own inputs
+  _check({s: Generator(s).program() for s in range(10_000 + block * BLOCK, 10_000 + (block + 1) * BLOCK)}, run_program_twice)
 
 
 def test_the_programs_cover_the_api():
@@ -32,7 +39,8 @@ def test_the_programs_cover_the_api():
       dtypes.add(n.dtype)
   for must in ("input", "full", "where", "matmul", "cat", "setitem", "assign", "reshape", "permute", "expand", "pad",
                "shrink", "flip", "getitem", "cast", "unary:exp", "unary:log", "unary:neg", "binary:add", "binary:lt",
-               "scalar:sub", "reduce:sum", "reduce:max", "reduce:argmax"):
+               "scalar:sub", "reduce:sum", "reduce:max", "reduce:argmax", "unary:gelu", "nn:softmax", "nn:layernorm",
+               "nn:logsumexp", "cumsum", "triangle:tril", "masked_fill", "gather", "take"):
     assert must in ops, must
   assert {"float32", "float16", "float64", "int8", "uint8", "int32", "int64", "bool"} <= dtypes
 
