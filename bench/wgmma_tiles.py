@@ -29,12 +29,14 @@ def source_for(m, k, n, dtype, transposed=False, multiprocessors=132, arch="sm_9
   linear = lower_kernel(normalize(kern)[0], Run("CUDA", parallel=False, device_loops=True, multiprocessors=multiprocessors, arch=arch))
   return renderer.render("probe_kernel", linear), launch_dims(linear)
 
-VARIANTS = [   # (label, the one WGMMA tile: BM, BN, WM, WN, BK, STAGES)
-  ("128x256 s3", (128, 256, 8, 1, 64, 3)),
+VARIANTS = [   # (label, the one WGMMA tile: BM, BN, WM, WN, BK, STAGES); STAGES - 2 slices are copied ahead
   ("128x256 s4", (128, 256, 8, 1, 64, 4)),
+  ("128x256 s3", (128, 256, 8, 1, 64, 3)),
   ("128x128 s3 (2/SM)", (128, 128, 8, 1, 64, 3)),
   ("128x128 s4", (128, 128, 8, 1, 64, 4)),
+  ("256x128 s4", (256, 128, 16, 1, 64, 4)),
 ]
+
 
 def timed(fn):
   for _ in range(3): fn()

@@ -15,7 +15,7 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
-from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE
+from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE, holds_wgmma, wgmma_rules
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -144,7 +144,8 @@ class CUDARenderer:
     shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
     lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void', synced_loops=synced,
                    waiting_barriers=waiting)
-    return render_kernel(name, linear, mma_rules + cuda_rules + cstyle_rules, lang)
+    rules = mma_rules + cuda_rules + cstyle_rules
+    return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)
 
   def source(self, kernels: list[str]) -> str:
     """One translation unit of `kernels`. The half and bfloat16 headers and the tensor cores' prelude only where a

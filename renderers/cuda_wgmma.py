@@ -16,19 +16,24 @@ shared memory through 64-bit matrix descriptors). The template:
   - B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
     each block per k); SBO = 1024 (the next 8 rows of k), LBO = 64 x 128 bytes (the next block of 64 columns); the
     steps of 16 along k start 2048 bytes apart;
-- keeps STAGES slices of shared memory, STAGES - 1 copied ahead of the one the tensor cores read: each step waits
-  for its slice, issues its 4 wgmma (k16 each) as one group, then, while they run, the copies of the slice STAGES - 1
-  further into the stage the previous step read (every warpgroup waited for that step's group before the barrier),
-  then waits for its group (`wgmma.wait_group 0`: with 1 group left in flight across the loop, ptxas 13.0 serialized
-  every wgmma, warning C7514). Each thread fences its landed copies into the async proxy (`fence.proxy.async`)
-  before the barrier, as the tensor cores read shared memory through it.
+- keeps STAGES slices of shared memory, STAGES - 2 copied ahead of the one the tensor cores read, and one wgmma group
+  left running across steps: each step waits for its slice (and, at the barrier, for every warpgroup to be done with
+  the group of two steps back), issues its 4 wgmma (k16 each) as one group, then, while they run, the copies of the
+  slice STAGES - 2 further into the stage that group read, then waits for the previous step's group
+  (`wgmma.wait_group 1`). Each thread fences its landed copies into the async proxy (`fence.proxy.async`) before the
+  barrier, as the tensor cores read shared memory through it.
+- ptxas keeps the groups in flight only where no other instruction touches the accumulators between a wgmma and the
+  wait that retires it; otherwise it serializes every wgmma of the kernel (warning C7514). The accumulators are a fixed
+  array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block index
+  once, through `g_block_index()` (`wgmma_rules`): nvcc reads `%ctaid` again after the product where the epilogue uses
+  it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
 Accumulator e of a lane (the PTX fragment layout of m64nNk16's D, which is mma.m16n8k16's C per 8 columns) holds the
 output at row 16 * (warp % 4) + lane / 4 + 8 * ((e % 4) / 2) of its warpgroup's 64 rows and column
 8 * (e / 4) + 2 * (lane % 4) + e % 2: the layout of renderers/cuda_mma.py with one m16 fragment per warp (WM = BM/16
 warps along rows, WN = 1), so rules/opt/tensor_core.py places the epilogue's stores the same way for both.
 """
 from __future__ import annotations
-from rewrite import UOp, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
 BK = 64          # k per slice: one 128-byte swizzled row of 16-bit elements
 WIDTHS = (128, 256)   # the n of m64nNk16 the tiles use (BN)
@@ -53,11 +58,8 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
          | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
-/* keeps the compiler from moving the accumulators' reads and writes across the asynchronous wgmma */
-template <int R> __device__ __forceinline__ void g_wgmma_hold(float* d) {
-#pragma unroll
-  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
-}
+/* the block's index, read once (a second read after the product made ptxas serialize every wgmma: C7514) */
+__device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
@@ -93,14 +95,14 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     }
   };
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
+  for (int s = 0; s < STAGES - 2; s++) {
     if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
   for (int kt = 0; kt < KT; kt++) {
-    g_cp_async_wait<STAGES - 2>();   /* slice kt has landed (for this thread's copies) */
+    g_cp_async_wait<STAGES - 3>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();                 /* ... for every thread's; and every warpgroup is done with slice kt - 1 */
+    __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
     const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
     const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
@@ -109,12 +111,12 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
       g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    /* while the tensor cores work: the copies of slice kt + STAGES - 1, into the stage slice kt - 1 left */
-    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+    /* while the tensor cores work: the copies of slice kt + STAGES - 2, into the stage slice kt - 2 left */
+    if (kt + STAGES - 2 < KT) load((kt + STAGES - 2) % STAGES, (kt + STAGES - 2) * BK);
     g_cp_async_commit();
-    g_wgmma_wait<0>();
-    g_wgmma_hold<REGS>(acc);
+    g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
   }
+  g_wgmma_wait<0>();
   g_cp_async_wait<0>();
 }
 """])
@@ -125,3 +127,12 @@ def render_wgmma(ctx, m: UOp) -> str:
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
   return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
+
+
+def holds_wgmma(linear: UOp) -> bool: return any(u.op is Ops.MMA and u.arg.wgmma for u in linear.src)
+
+
+# (before the CUDA renderer's own rules, in a kernel that holds wgmma) its block index through g_block_index()
+wgmma_rules = PatternMatcher([
+  (UPat(Ops.SPECIAL, name="s"), lambda s: "g_block_index()" if s.arg[0][0] == "g" else None, "render_wgmma_block_index"),
+], name="render.cuda_wgmma")

@@ -140,3 +140,19 @@ class Buffer:
     where = f"at {self._handle:#x}" if isinstance(self._handle, int) else \
       "unallocated" if self._handle is None else f"at {self._handle!r}"
     return f"<Buffer {self.device} {self.dtype.name}[{self.size}] {where}>"
+
+
+class LostBuffer(Buffer):
+  """The memory of a tensor whose value a failed realize was computing and whose graph it had let go (an optimizer's
+  step realizes the gradients and the loss with the updates: tensor/assign.py `write_many`): no value, and every use
+  (reading it, a program reading it) says so, instead of failing somewhere inside."""
+  __slots__ = ("why",)
+
+  def __init__(self, device: str, size: int, dtype: DType, why: str):
+    super().__init__(device, size, dtype)
+    self.why = why
+
+  @property
+  def handle(self):
+    raise RuntimeError(f"this {self.dtype.name}[{self.size}] tensor has no value: the realize computing it failed "
+                       f"({self.why}); compute it again (call backward() again for a gradient)")

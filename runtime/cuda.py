@@ -213,9 +213,10 @@ def target_flags(source: str, arch: str) -> list[str]:
   return [f"-arch={arch}"]
 
 
-def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> None:
-  """The one compiler call: `src` (CUDA C++) into the cubin `out`. Raises CompileError with nvcc's message."""
-  run_compiler([nvcc, *NVCC_FLAGS, *target_flags(src.read_text(), arch), "-o", str(out), str(src)], "nvcc", src)
+def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> str:
+  """The one compiler call: `src` (CUDA C++) into the cubin `out`; returns what nvcc printed (ptxas's warnings and
+  notes). Raises CompileError with nvcc's message."""
+  return run_compiler([nvcc, *NVCC_FLAGS, *target_flags(src.read_text(), arch), "-o", str(out), str(src)], "nvcc", src)
 
 
 def _nvcc_build(arch: str) -> tuple[tuple[str, ...], Any]:

@@ -15,15 +15,16 @@ _instances: dict[str, Device] = {}
 _instances_lock = threading.Lock()  # one Device per name, even when threads ask for it at once
 
 
-def run_compiler(cmd: list[str], what: str, src) -> None:
-  """Run one compiler command on kernel source `src`; a compiler that is missing or fails raises CompileError
-  carrying its own message, the command and the source's path."""
+def run_compiler(cmd: list[str], what: str, src) -> str:
+  """Run one compiler command on kernel source `src` and return what it printed (its warnings and notes); a compiler
+  that is missing or fails raises CompileError carrying its own message, the command and the source's path."""
   try: r = subprocess.run(cmd, capture_output=True, text=True)
   except OSError as e:
     raise CompileError(f"cannot run {what} {cmd[0]!r} on kernel source {src}: {e}") from None
   if r.returncode != 0:
     raise CompileError(f"{what} failed (exit {r.returncode}) on kernel source {src}\ncommand: {shlex.join(cmd)}\n"
                        f"{(r.stderr + r.stdout).strip()}")
+  return r.stderr + r.stdout
 
 
 _QUALIFIERS = {"const", "volatile", "restrict", "__restrict", "__restrict__"}

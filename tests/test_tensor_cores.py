@@ -141,13 +141,13 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   from renderers.cuda import renderer
   from runtime.cuda import dynamic_shared_bytes, target_flags
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
-  assert "g_wgmma_tile<half, 128, 256, 3, false, 512, 512LL, 4096LL>" in nn and "g_mma_tile" not in nn   # B along j
-  assert "g_wgmma_tile<half, 128, 256, 3, true, 512, 512LL, 512LL>" in nt                                  # B along k
-  assert "g_wgmma_tile<__nv_bfloat16, 128, 128, 3, false, 256, 256LL, 2304LL>" in bf16   # 128x256 gives 72 blocks: 128x128
-  assert "g_wgmma_tile<half, 128, 128, 3, false, 128, 128LL, 1024LL>" in batched
+  assert "g_wgmma_tile<half, 128, 256, 4, false, 512, 512LL, 4096LL>" in nn and "g_mma_tile" not in nn   # B along j
+  assert "g_wgmma_tile<half, 128, 256, 4, true, 512, 512LL, 512LL>" in nt                                  # B along k
+  assert "g_wgmma_tile<__nv_bfloat16, 128, 128, 4, false, 256, 256LL, 2304LL>" in bf16   # 128x256 gives 72 blocks: 128x128
+  assert "g_wgmma_tile<half, 128, 128, 4, false, 128, 128LL, 1024LL>" in batched
   name = nn.split(" void ")[1].split("(")[0]
-  assert "__launch_bounds__(256)" in nn and dynamic_shared_bytes(nn, name) == 3 * (128 + 256) * 64 * 2 + 1024
-  regs = TileSpec("float16", 128, 256, 8, 1, 64, 3, False, 512, 512, 4096, True).regs
+  assert "__launch_bounds__(256)" in nn and dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024
+  regs = TileSpec("float16", 128, 256, 8, 1, 64, 4, False, 512, 512, 4096, True).regs
   assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(data0+") == regs   # the epilogue per accumulator
   source = renderer.source([nn, bf16])
   for needle in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
@@ -234,7 +234,10 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   assert sum("g_gather<" in k for k in kernels) == 3 and sum("g_mma_tile<float," in k for k in kernels) == 5
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
   src.write_text(renderer.source(kernels))
-  cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
+  printed = cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
+  # ptxas keeps a wgmma group in flight across steps only where nothing else touches the accumulators meanwhile;
+  # otherwise it serializes every wgmma of the kernel and says so (C7514): the plain, epilogue and batched ones alike
+  assert "C7514" not in printed and "serialized" not in printed, printed
   assert out.stat().st_size > 0
 
 
@@ -422,6 +425,29 @@ def test_convolutions_on_tensor_cores_in_the_model_grid(dtype, stride, padding, 
   assert [s.gather is not None for s in specs] == [True]
   tol = 2e-2 if dtype == np.float16 else 1e-4
   assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)
+
+
+def planned(t: Tensor, arch: str, multiprocessors: int = 4) -> list[TileSpec]:
+  """The tiles of t's kernels planned for a GPU of `arch` (none needed here)."""
+  from rules.pipeline import Run, schedule, lower_kernel
+  from rules.realize import normalize
+  kernels = [k for k in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
+  lowered = [lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True, arch=arch, multiprocessors=multiprocessors)) for k in kernels]
+  return [u.arg for linear in lowered for u in linear.src if u.op is Ops.MMA]
+
+
+def test_a_tile_fits_the_shared_memory_of_the_gpu_it_is_planned_for(monkeypatch):
+  from rules.opt.tensor_core import max_shared
+  assert (max_shared("sm_90"), max_shared("sm_80"), max_shared("sm_89"), max_shared("sm_120")) == (227 << 10, 163 << 10, 99 << 10, 99 << 10)
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  conv = lambda: conv_case(np.float32, c=256, o=128, hw=(16, 16))[0]   # k = 2304: a 9 KiB table of its offsets
+  (hopper,), (ada,) = planned(conv(), "sm_90"), planned(conv(), "sm_89")
+  assert (hopper.bm, hopper.bn) == (128, 128) and hopper.shared_bytes == 96 * 1024 + 4 * 2304 > max_shared("sm_89")
+  assert (ada.bm, ada.bn) == (64, 128) and ada.shared_bytes <= max_shared("sm_89")   # the next tile down
+  monkeypatch.setenv("GRAFT_TC_TILE", "128,128,2,2,32,4")   # 128 KiB of float32 tiles: on an A100, not on an RTX 4090
+  assert planned(Tensor(normal(256, 64, dtype=np.float32)) @ Tensor(normal(64, 256, dtype=np.float32)), "sm_80")
+  with pytest.raises(ValueError, match="GRAFT_TC_TILE.*sm_89"):
+    planned(Tensor(normal(256, 64, dtype=np.float32)) @ Tensor(normal(64, 256, dtype=np.float32)), "sm_89")
 
 
 def test_what_a_tile_does_not_divide_stays_on_the_other_plans(monkeypatch):
