@@ -18,7 +18,7 @@ from rewrite import UOp, Ops, viz
 from rules.host import Extern, nbytes
 from rules.realize import NewBuffer
 from .buffer import Buffer, human_bytes
-from .device import get_device
+from .device import canonical_name, get_device
 from . import extern, pick
 
 
@@ -38,7 +38,7 @@ class Program:
       if not isinstance(b.arg, NewBuffer):
         if b not in param_of: raise ValueError(f"host program reads {b.arg!r}, which is not one of its parameters")
         kind, entry = "in", ("param", param_of[b], b.dtype, b.arg.size, b.arg.device)
-      elif b in returned: kind, entry = "out", ("new", b.arg.device, b.arg.size, b.dtype)
+      elif b in returned: kind, entry = "out", ("new", canonical_name(b.arg.device), b.arg.size, b.dtype)
       else: kind, entry = "t", ("temp", None)
       index[b] = len(names)
       names.append(f"{kind}{counts[kind]}"); counts[kind] += 1
@@ -180,7 +180,7 @@ class Program:
     handles: list = [None] * len(self.table)
     for i, e in enumerate(self.table):
       if e[0] == "param": buffers[i] = inputs[e[1]]; handles[i] = buffers[i].handle
-      elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
+      elif e[0] == "new": buffers[i] = b = Buffer.allocated_now(e[1], e[2], e[3]); handles[i] = b._handle
     return buffers, handles
 
   def results(self, buffers: list) -> list[UOp]:
@@ -189,7 +189,10 @@ class Program:
 
   def _step(self, step: tuple, handles: list, storage: list, debug: int) -> None:
     kind = step[0]
-    if kind == "alloc":
+    if kind == "call":   # (the common step first)
+      _, ck, idx = step
+      _run_kernel(ck, [handles[i] for i in idx], debug)
+    elif kind == "alloc":
       _, i, s, device, size = step
       if storage[s] is None: storage[s] = get_device(device).allocator.alloc(size)
       handles[i] = storage[s]
@@ -204,9 +207,6 @@ class Program:
       get_device(src_dev).allocator.copyout(memoryview(tmp), handles[src])
       get_device(dst_dev).allocator.copyin(handles[dst], memoryview(tmp))
       if debug >= 2: print(f"  copy {src_dev} -> {dst_dev}  {size / 1e6:.1f} MB  {(time.perf_counter() - t0) * 1e3:.3f} ms")
-    elif kind == "call":
-      _, ck, idx = step
-      _run_kernel(ck, [handles[i] for i in idx], debug)
     elif kind == "pick":
       _, options, choice = step
       if choice[0] is None:
