@@ -18,6 +18,15 @@ from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from .cuda_wgmma import render_wgmma
 
+def _mma_op(ctype: str, shape: str, ptx: str) -> str:
+  """g_mma_op<ctype>: one mma.sync of `shape` on `ptx` operands (a lane's 4 registers of A, 2 of B, 4 float sums)."""
+  return (f"template <> struct g_mma_op<{ctype}> {{\n"
+          "  static __device__ __forceinline__ void run(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {\n"
+          f'    asm volatile("mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\\n"\n'
+          '                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));\n'
+          "  }\n};\n")
+
+
 PRELUDE = r"""
 __device__ __forceinline__ unsigned g_shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void g_cp_async16(void* dst, const void* src) {
@@ -32,27 +41,9 @@ template <bool TRANS> __device__ __forceinline__ void g_ldmatrix4(unsigned (&r)[
                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(g_shared_address(p)));
 }
 template <class T> struct g_mma_op;
-template <> struct g_mma_op<half> {
-  static __device__ __forceinline__ void run(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct g_mma_op<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-/* float32 operands as TF32 (GRAFT_TF32=1): the float's own bits, of which the tensor core reads the sign, the exponent
+""" + _mma_op("half", "m16n8k16", "f16") + _mma_op("__nv_bfloat16", "m16n8k16", "bf16") + r"""/* float32 operands as TF32 (GRAFT_TF32=1): the float's own bits, of which the tensor core reads the sign, the exponent
    and the top 10 bits of the mantissa (the 13 below are dropped: truncation, as cuBLAS's and torch's TF32 mode does) */
-template <> struct g_mma_op<float> {
-  static __device__ __forceinline__ void run(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-/* element offset of 16-byte chunk `chunk` of row `row` in a tile of rows of W elements of T: the chunk index is XORed
+""" + _mma_op("float", "m16n8k8", "tf32") + r"""/* element offset of 16-byte chunk `chunk` of row `row` in a tile of rows of W elements of T: the chunk index is XORed
    with row bits so that 8 consecutive rows' same chunk fall in 8 different 16-byte bank groups (for ldmatrix); ROWS4
    (a float32 B stored along j, read one float per lane: 4 rows of k by 8 columns) XORs 2x(row mod 4) instead, so that
    those 4 rows' 8 columns fall in 32 different banks */

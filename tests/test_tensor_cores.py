@@ -427,6 +427,29 @@ def test_convolutions_on_tensor_cores_in_the_model_grid(dtype, stride, padding, 
   assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)
 
 
+def planned(t: Tensor, arch: str, multiprocessors: int = 4) -> list[TileSpec]:
+  """The tiles of t's kernels planned for a GPU of `arch` (none needed here)."""
+  from rules.pipeline import Run, schedule, lower_kernel
+  from rules.realize import normalize
+  kernels = [k for k in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if k.op is Ops.KERNEL]
+  lowered = [lower_kernel(normalize(k)[0], Run("CUDA", parallel=False, device_loops=True, arch=arch, multiprocessors=multiprocessors)) for k in kernels]
+  return [u.arg for linear in lowered for u in linear.src if u.op is Ops.MMA]
+
+
+def test_a_tile_fits_the_shared_memory_of_the_gpu_it_is_planned_for(monkeypatch):
+  from rules.opt.tensor_core import max_shared
+  assert (max_shared("sm_90"), max_shared("sm_80"), max_shared("sm_89"), max_shared("sm_120")) == (227 << 10, 163 << 10, 99 << 10, 99 << 10)
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  conv = lambda: conv_case(np.float32, c=256, o=128, hw=(16, 16))[0]   # k = 2304: a 9 KiB table of its offsets
+  (hopper,), (ada,) = planned(conv(), "sm_90"), planned(conv(), "sm_89")
+  assert (hopper.bm, hopper.bn) == (128, 128) and hopper.shared_bytes == 96 * 1024 + 4 * 2304 > max_shared("sm_89")
+  assert (ada.bm, ada.bn) == (64, 128) and ada.shared_bytes <= max_shared("sm_89")   # the next tile down
+  monkeypatch.setenv("GRAFT_TC_TILE", "128,128,2,2,32,4")   # 128 KiB of float32 tiles: on an A100, not on an RTX 4090
+  assert planned(Tensor(normal(256, 64, dtype=np.float32)) @ Tensor(normal(64, 256, dtype=np.float32)), "sm_80")
+  with pytest.raises(ValueError, match="GRAFT_TC_TILE.*sm_89"):
+    planned(Tensor(normal(256, 64, dtype=np.float32)) @ Tensor(normal(64, 256, dtype=np.float32)), "sm_89")
+
+
 def test_what_a_tile_does_not_divide_stays_on_the_other_plans(monkeypatch):
   monkeypatch.delenv("GRAFT_TF32", raising=False)
   assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32

@@ -32,8 +32,10 @@ warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumula
 warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
 
 A kernel that does not match, or any kernel on a GPU older than sm_80 (Ampere: cp.async, mma.sync m16n8k16 for bf16
-and m16n8k8 for TF32 start there), is left alone (the GPU's other plans take it). GRAFT_TC=0 turns the stage off;
-GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile (bench/tensor_cores.py measures tiles with it). These two,
+and m16n8k8 for TF32 start there), is left alone (the GPU's other plans take it); so is one whose tiles all need more
+shared memory than a block of the GPU may have (`max_shared`: 99 KiB on sm_86, sm_89 and sm_120; a smaller tile is
+taken where one fits). GRAFT_TC=0 turns the stage off; GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" imposes one tile
+(bench/tensor_cores.py measures tiles with it; one the GPU cannot hold is refused with a ValueError). These two,
 GRAFT_WGMMA and GRAFT_TF32 are read as a kernel is lowered, and their text (`switches()`) is part of the compiled
 kernel's and the warm-call program's keys (runtime/realize.py): changing one takes effect on the next call.
 """
@@ -64,8 +66,19 @@ TF32_TILES = TILES
 # (not gathered): TF32 and convolutions take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
-MAX_SHARED = 160 << 10     # dynamic shared memory of a block's tiles (an H100 allows 227 KiB, an A100 163)
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
+
+
+def capability(arch: str) -> int:
+  """The compute capability of a target "sm_XY" (or "sm_XYa") as the number XY."""
+  return int(arch.removeprefix("sm_").rstrip("a"))
+
+
+def max_shared(arch: str) -> int:
+  """The shared memory one block may have on `arch` (bytes): 227 KiB from Hopper's sm_90 on (sm_100, sm_110 too), 163
+  KiB on sm_80 and sm_87 (A100, Orin), 99 KiB on the others (sm_86, sm_89, sm_120: consumer Ampere, Ada, Blackwell)."""
+  cap = capability(arch)
+  return (227 if cap // 10 in (9, 10, 11) else 163 if cap in (80, 87) else 99) << 10
 
 
 def tf32_requested() -> bool:
@@ -90,7 +103,7 @@ def tile_text() -> str: return os.environ.get("GRAFT_TC_TILE", "").strip()
 
 def tiles(itemsize: int = 2) -> tuple[tuple[int, ...], ...]:
   """The tiles for operands of `itemsize` bytes, or the one tile GRAFT_TC_TILE="BM,BN,WM,WN,BK,STAGES" names (for
-  measuring other tiles)."""
+  measuring other tiles; one that needs more shared memory than the GPU has is refused as a kernel is planned)."""
   text = tile_text()
   if not text: return TILES if itemsize == 2 else TF32_TILES
   try: t = tuple(int(v) for v in text.split(","))
@@ -100,11 +113,12 @@ def tiles(itemsize: int = 2) -> tuple[tuple[int, ...], ...]:
     bm, bn, wm, wn, bk, stages = t
     threads, per_chunk = wm * wn * 32, CHUNK // itemsize
     ok = (bm % (wm * 16) == 0 and bn % (wn * 16) == 0 and bk % 16 == 0 and stages >= 2 and threads <= 1024
-          and (bm + bn) * bk * itemsize * stages <= MAX_SHARED and (bm * bk // per_chunk) % threads == 0
-          and (bn * bk // per_chunk) % threads == 0)
+          and (bm * bk // per_chunk) % threads == 0 and (bn * bk // per_chunk) % threads == 0)
   if not ok:
-    raise ValueError(f"GRAFT_TC_TILE={text!r}: give BM,BN,WM,WN,BK,STAGES (warps of 16-row and 16-column multiples, "
-                     f"BK a multiple of 16, at most {MAX_SHARED} bytes of shared tiles, copies in whole turns), or unset it")
+    raise ValueError(f"GRAFT_TC_TILE={text!r}: give six numbers BM,BN,WM,WN,BK,STAGES such as "
+                     f"{','.join(map(str, TILES[0]))} (the block's rows and columns, its warps along each, the slice of k "
+                     f"and the slices in flight): BM a multiple of 16*WM, BN of 16*WN, BK of 16, STAGES 2 or more, at most "
+                     f"32 warps, each slice of A and B a whole number of 16-byte copies per thread; or unset it")
   return (t,)
 
 
@@ -247,18 +261,20 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   m = math.prod(size(r) for r in rows)
   blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
   divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
-  wgmma = [t for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors] if arch == "sm_90" and itemsize == 2 and \
-    gather is None and not tile_text() and wgmma_enabled() else []
-  fits = [t for t in tiles(itemsize) if divides(t)]
+  spec = lambda t, wgmma: TileSpec(a.dtype.name, *t, b_along_k, bk_dims[0][0], lda, ldb, wgmma, gather)
+  # (a tile within the GPU's shared memory: sm_86, sm_89 and sm_120 allow a block 99 KiB)
+  wgmma = [spec(t, True) for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors and spec(t, True).shared_bytes
+           <= max_shared(arch)] if arch == "sm_90" and itemsize == 2 and gather is None and not tile_text() and wgmma_enabled() else []
+  fits = [spec(t, False) for t in tiles(itemsize) if divides(t)]
+  if tile_text() and fits and fits[0].shared_bytes > max_shared(arch):
+    raise ValueError(f"GRAFT_TC_TILE={tile_text()!r}: its tiles need {fits[0].shared_bytes} bytes of shared memory, more than a "
+                     f"block of {arch} may have ({max_shared(arch)}); take fewer STAGES, a smaller BK or tile, or unset it")
+  fits = [t for t in fits if t.shared_bytes <= max_shared(arch)]
   if not wgmma and not fits: return None
-  bm, bn, wm, wn, bk, stages = wgmma[0] if wgmma else next((t for t in fits if blocks(t) >= multiprocessors), fits[-1])
-  spec = TileSpec(a.dtype.name, bm, bn, wm, wn, bk, stages, b_along_k, bk_dims[0][0], lda, ldb, bool(wgmma), gather)
-  return Product(st, red, a, b, rows, j, ks, batch, spec)
+  chosen = wgmma[0] if wgmma else next((t for t in fits if blocks((t.bm, t.bn)) >= multiprocessors), fits[-1])
+  return Product(st, red, a, b, rows, j, ks, batch, chosen)
 
 
-def capability(arch: str) -> int:
-  """The compute capability of a target "sm_XY" (or "sm_XYa") as the number XY."""
-  return int(arch.removeprefix("sm_").rstrip("a"))
 
 
 def choose_tensor_core(ctx: TensorCoreContext, sink: UOp) -> None:
