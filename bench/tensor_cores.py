@@ -3,12 +3,13 @@ rules/opt/tensor_core.py) against torch (cuBLAS) on the same inputs.
 
   python bench/tensor_cores.py [--quick] [--only fp16_8192,gelu]
 
-tc: the tensor-core path the product took (wgmma: Hopper's warpgroup MMA; mma: mma.sync; GRAFT_WGMMA=0 keeps
-mma.sync). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation), (x @ W + b).gelu() in fp16 with x
-8192x4096 and W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as kernels of their own), float32
-4096^3 with TF32 (GRAFT_TF32=1: Graft's generated mma.sync TF32 kernel, and Graft's cuBLAS call, against torch with
-allow_tf32), and the convolution 32x128x56x56, 128 filters of 3x3, padding 1 (Graft: the padded copy, then the
-implicit product) against cuDNN: fp32 strict (torch's cudnn.allow_tf32 off), fp32 with TF32 on both sides, fp16.
+tc: the tensor-core path the product took (wgmma: Hopper's warpgroup MMA; mma: mma.sync; GRAFT_WGMMA=0 keeps mma.sync;
+fma: a strict float32 convolution's FMA tile). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation),
+(x @ W + b).gelu() in fp16 with x 8192x4096 and W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as
+kernels of their own), float32 4096^3 with TF32 (GRAFT_TF32=1: Graft's generated mma.sync TF32 kernel, and Graft's
+cuBLAS call, against torch with allow_tf32), and the convolution 32x128x56x56, 128 filters of 3x3, padding 1 (Graft:
+the padded copy -- fp16: channels-last, and the filters' copy -- then the implicit product) against cuDNN: fp32 strict
+(torch's cudnn.allow_tf32 off), fp32 with TF32 on both sides, fp16.
 Each figure: the median over 5 rounds of (10 calls back to back, then one device synchronize) / 10, after 3 warm-up
 calls; Graft's call replays its compiled program (no graph rebuilt; `call ms` beside it rebuilds the graph each call,
 as a user's loop does). ok: Graft's result against torch's within the dtype's tolerance.
@@ -64,7 +65,8 @@ def main() -> None:
       program, inputs = rr.find_program([(graft_fn(*gt).uop, args.device)])   # the cached program and its input buffers
       kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
       sources = [ck.source for ck in program.kernels_called()]
-      tc = "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else "-"
+      tc = "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else \
+        "fma" if any("g_fma_tile" in k for k in sources) else "-"
       g = timed(lambda: program.run(inputs), sync)
       call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)
       ref = torch_fn(*tt)

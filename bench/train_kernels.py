@@ -33,26 +33,9 @@ def step_name(step) -> tuple[str, str]:
   return step[0], ""
 
 
-def step_buffers(step) -> tuple[set[int], set[int]]:
-  """(table entries written, entries read) of one step."""
-  from rewrite import Ops
-  if step[0] in ("alloc", "free"): return set(), set()
-  if step[0] == "copy": return {step[1]}, {step[2]}
-  calls = [(step[1], step[2])] if step[0] == "call" else \
-          [(step[3], [step[4][i] for i in step[3].args])] if step[0] == "extern" else (step[2][1] or step[1][0][1])
-  written, read = set(), set()
-  for ck, idx in calls:
-    ck = getattr(ck, "kernel", ck)
-    if len(idx) != len(ck.args):   # a library call: its operands, the output first
-      written.add(idx[0]); read |= set(idx[1:]); continue
-    slots = {n.arg for u in ck.linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL}
-    for slot, i in zip(ck.args, idx): (written if slot in slots else read).add(i)
-  return written, read
-
-
 def phases(program) -> list[str]:
   """The phase of each step: 'optimizer', 'forward', 'backward' or 'host' (see the module's docstring)."""
-  io = [step_buffers(s) for s in program.steps]
+  io = [program.step_buffers(s) for s in program.steps]
   loss = [i for _, _, i in program.outputs if program.table[i][0] == "new" and program.table[i][2] == 1]   # (kind, device, size, dtype)
   needed, forward = set(loss), set()
   for n in reversed(range(len(io))):   # the steps the loss depends on, walking back from its last write
@@ -134,7 +117,7 @@ def main() -> None:
     if line is None: sys.exit(f"--threads {n}: the measuring process failed:\n{out.stderr[-2000:]}")
     results.append(json.loads(line[7:]))
   first = results[0]
-  heads = [f"{n} thread{'s' * (n != 1)}" if n else "ms" for n in counts]
+  heads = [f"{n} thread{'s' * (n != 1)}" if n else "this run" for n in counts]
   print(f"{a.device} training step, {a.layers} layers, {a.tokens} tokens, width {a.width}, batch {a.batch}, vocabulary "
         f"{a.vocab}: {first['steps']} steps, each kernel the fastest of {a.repeat} steps")
   print("kernel time ms: " + ", ".join(f"{h} {r['total_ms']:.2f}" for h, r in zip(heads, results)))

@@ -13,6 +13,10 @@ accumulator stays in a register); `GEP(MMA, e)` is element e of the array. The t
   with float32 accumulators.
 Accumulator e = (mt * NT + nt) * 4 + c holds the output at row mt*16 + lane/4 + 8*(c/2) and column
 nt*8 + 2*(lane%4) + c%2 of the warp's tile (the PTX fragment layout of m16n8k16's C).
+A gathered A (a convolution) passes `g_gather<rows, ks[, chunked]>`: its row offsets and k offsets as lambdas; the
+copy computes a thread's row offsets once and the k offsets once per block into a table after the tiles, then copies
+16-byte chunks (chunked: a channels-last input) or single elements. A strict float32 tile (`TileSpec.fma`) renders as
+`g_fma_tile`: the same staging by 4-byte cp.async, 8x8 outputs per lane on the FMA units.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
@@ -64,9 +68,10 @@ template <class T> __device__ __forceinline__ void g_copy1(T* dst, const T* src)
 #define G_SHARED(bytes)
 extern __shared__ __align__(128) unsigned char g_dynamic_shared[];
 /* A's rows LDA apart, each contiguous along k (a matrix) */
-struct g_matrix {};
-/* A gathered (a convolution's windows): element (row, k) at A + rows(row0 + row) + ks(k) */
-template <class Rows, class Ks> struct g_gather { long long row0; Rows rows; Ks ks; };
+struct g_matrix { static constexpr bool chunked = true; };
+/* A gathered (a convolution's windows): element (row, k) at A + rows(row0 + row) + ks(k); CHUNKED: k's 16-byte chunks
+   contiguous (a channels-last input), copied whole */
+template <class Rows, class Ks, bool CHUNKED = false> struct g_gather { static constexpr bool chunked = CHUNKED; long long row0; Rows rows; Ks ks; };
 template <class G> struct g_is_matrix { static constexpr bool value = false; };
 template <> struct g_is_matrix<g_matrix> { static constexpr bool value = true; };
 /* one block's BM x BN product tile: acc[(mt * NT + nt) * 4 + c] of each lane (see renderers/cuda_mma.py) */
@@ -85,11 +90,19 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
   /* a gathered A: each lane copies rows tid % BM (+ THREADS, ...) at k tid / BM (+ THREADS / BM, ...) of a slice; its
      rows' offsets are computed once, the k offsets once per block into a table after the tiles */
   constexpr int RPT = BM >= THREADS ? BM / THREADS : 1, KSTEP = THREADS >= BM ? THREADS / BM : 1;
-  long long roff[RPT];
+  /* a gathered A in chunks: lane copies chunk tid % (BK / E) of rows (tid + t * THREADS) / (BK / E), as a matrix's */
+  constexpr bool CHUNKED = !MATRIX && G::chunked;
+  constexpr int CPT = BM * BK / E / THREADS;
+  long long roff[MATRIX || CHUNKED ? CPT : RPT];
   int* koff = reinterpret_cast<int*>(g_dynamic_shared + STAGES * (BM + BN) * BK * sizeof(T));
-  if constexpr (!MATRIX) {
+  if constexpr (CHUNKED) {
+#pragma unroll
+    for (int t = 0; t < CPT; t++) roff[t] = gather.rows(gather.row0 + (tid + t * THREADS) / (BK / E));
+  } else if constexpr (!MATRIX) {
 #pragma unroll
     for (int j = 0; j < RPT; j++) roff[j] = gather.rows(gather.row0 + tid % BM + j * THREADS);
+  }
+  if constexpr (!MATRIX) {
     for (int k = tid; k < K; k += THREADS) koff[k] = gather.ks(k);
     __syncthreads();
   }
@@ -97,7 +110,7 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
   for (int e = 0; e < MT * NT * 4; e++) acc[e] = 0.0f;
   /* 16-bit gathered elements go through registers: a slice's loads are issued before the math on the slice before
      it and stored to shared memory after that math, so their latency hides behind it (no cp.async that small) */
-  constexpr bool HELD = !MATRIX && sizeof(T) != 4;
+  constexpr bool HELD = !MATRIX && !CHUNKED && sizeof(T) != 4;
   T held[HELD ? BK / KSTEP * RPT : 1];
   auto gather_a = [&](int stage, int k0, int mode) {   /* mode 0: copy (cp.async for floats), 1: load, 2: store */
 #pragma unroll
@@ -113,11 +126,13 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
     }
   };
   auto load = [&](int stage, int k0, bool defer) {   /* defer: a gathered 16-bit A is only loaded (see HELD) */
-    if constexpr (MATRIX) {
+    if constexpr (MATRIX || CHUNKED) {
+      const int chunk = tid % (BK / E);
+      const T* a = MATRIX ? A + k0 + chunk * E : A + koff[k0 + chunk * E];
 #pragma unroll
-      for (int t = 0; t < BM * BK / E / THREADS; t++) {
-        const int c = tid + t * THREADS, row = c / (BK / E), chunk = c % (BK / E);
-        g_cp_async16(&sa[stage][g_swizzle<T, BK>(row, chunk)], A + row * LDA + k0 + chunk * E);
+      for (int t = 0; t < CPT; t++) {
+        const int row = (tid + t * THREADS) / (BK / E);
+        g_cp_async16(&sa[stage][g_swizzle<T, BK>(row, chunk)], a + (MATRIX ? row * LDA : roff[t]));
       }
     } else gather_a(stage, k0, HELD && defer ? 1 : 0);
 #pragma unroll
@@ -181,6 +196,64 @@ __device__ __forceinline__ void g_mma_tile(float* acc, const T* __restrict__ A, 
   }
   g_cp_async_wait<0>();
 }
+/* strict float32 on the FMA units, A gathered: one block's BM x BN tile, lane (x, y) = (tid % (BM/8), tid / (BM/8))
+   holding rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 + 4y.. in acc[8 * row + column] (rules/opt/tensor_core.py
+   accumulator_at). Each slice of BK along k is copied by 4-byte cp.async, STAGES slices in flight, into tiles stored
+   along k (A: BK rows of BM, B: BK rows of BN + 4), which each lane reads 4 floats at a time. A's copy: lane tid % BM
+   of each row, so that consecutive lanes read consecutive output positions (consecutive addresses) */
+template <int BM, int BN, int BK, int STAGES, bool B_ALONG_K, int K, long long LDB, class G>
+__device__ __forceinline__ void g_fma_tile(float* acc, const float* __restrict__ A, const float* __restrict__ B, G gather) {
+  constexpr int THREADS = BM * BN / 64, KT = K / BK, BNP = BN + 4;
+  static_assert(K % BK == 0 && THREADS % BM == 0 && THREADS % BK == 0 && THREADS % BN == 0 && (BM * BK) % THREADS == 0
+                && (BN * BK) % THREADS == 0, "tile sizes");
+  float (*sa)[BK * BM] = reinterpret_cast<float (*)[BK * BM]>(g_dynamic_shared);
+  float (*sb)[BK * BNP] = reinterpret_cast<float (*)[BK * BNP]>(g_dynamic_shared + STAGES * BK * BM * 4);
+  int* koff = reinterpret_cast<int*>(g_dynamic_shared + STAGES * BK * (BM + BNP) * 4);
+  const int tid = threadIdx.x, x = tid % (BM / 8), y = tid / (BM / 8);
+  const long long roff = gather.rows(gather.row0 + tid % BM);
+  for (int k = tid; k < K; k += THREADS) koff[k] = gather.ks(k);
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < 64; e++) acc[e] = 0.0f;
+  auto load = [&](int stage, int k0) {
+#pragma unroll
+    for (int t = 0; t < BM * BK / THREADS; t++) {
+      const int k = tid / BM + t * (THREADS / BM);
+      g_copy1(&sa[stage][k * BM + tid % BM], A + roff + koff[k0 + k]);
+    }
+#pragma unroll
+    for (int t = 0; t < BN * BK / THREADS; t++) {   /* along k: 8 lanes read 32 bytes of a column */
+      const int k = B_ALONG_K ? tid % BK : tid / BN + t * (THREADS / BN), n = B_ALONG_K ? tid / BK + t * (THREADS / BK) : tid % BN;
+      g_copy1(&sb[stage][k * BNP + n], B + n * (B_ALONG_K ? LDB : 1) + (k0 + k) * (B_ALONG_K ? 1 : LDB));
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load(s, s * BK);
+    g_cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    g_cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+    g_cp_async_commit();
+    const float* ta = sa[kt % STAGES];
+    const float* tb = sb[kt % STAGES];
+#pragma unroll
+    for (int k = 0; k < BK; k++) {
+      float a[8], b[8];
+      *reinterpret_cast<float4*>(a) = *reinterpret_cast<const float4*>(&ta[k * BM + x * 4]);
+      *reinterpret_cast<float4*>(a + 4) = *reinterpret_cast<const float4*>(&ta[k * BM + BM / 2 + x * 4]);
+      *reinterpret_cast<float4*>(b) = *reinterpret_cast<const float4*>(&tb[k * BNP + y * 4]);
+      *reinterpret_cast<float4*>(b + 4) = *reinterpret_cast<const float4*>(&tb[k * BNP + BN / 2 + y * 4]);
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i * 8 + j] = fmaf(a[i], b[j], acc[i * 8 + j]);
+    }
+  }
+  g_cp_async_wait<0>();
+}
 """
 
 
@@ -195,17 +268,26 @@ def flat_offset(var: str, dims) -> str:
   return " + ".join(terms) or "0"
 
 
+def gather_text(ctx, m: UOp) -> tuple[str, str]:
+  """A gathered A's offsets as two lambdas declared before the tile's call, and its last argument to the template
+  (", g_gather<...>{row0, rows, ks}"); ("", "") for a matrix A."""
+  if (g := m.arg.gather) is None: return "", ""
+  acc = ctx.names[m]
+  decl = (f"auto {acc}_rows = [](long long r) -> long long {{ return {flat_offset('r', g.rows)}; }};\n"
+          f"auto {acc}_ks = [](int k) -> int {{ return {flat_offset('k', g.ks)}; }};\n")
+  chunked = ", true" if g.chunked else ""
+  return decl, f", g_gather<decltype({acc}_rows), decltype({acc}_ks){chunked}>{{{ctx[m.src[2]]}, {acc}_rows, {acc}_ks}}"
+
+
 def render_mma(ctx, m: UOp) -> str:
   s = m.arg
-  if s.wgmma: return render_wgmma(ctx, m)
+  decl, gather = gather_text(ctx, m)
+  if s.wgmma: return decl + render_wgmma(ctx, m, gather)
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
-  acc, a, b = ctx.names[m], ctx[m.src[0]], ctx[m.src[1]]
-  if s.gather is None: return f"float {acc}[{s.regs}];\ng_mma_tile<{args}>({acc}, {a}, {b});"
-  rows = f"[](long long r) -> long long {{ return {flat_offset('r', s.gather.rows)}; }}"
-  ks = f"[](int k) -> int {{ return {flat_offset('k', s.gather.ks)}; }}"
-  return (f"float {acc}[{s.regs}];\nauto {acc}_rows = {rows};\nauto {acc}_ks = {ks};\n"
-          f"g_mma_tile<{args}>({acc}, {a}, {b}, g_gather<decltype({acc}_rows), decltype({acc}_ks)>{{{ctx[m.src[2]]}, {acc}_rows, {acc}_ks}});")
+  call = "g_mma_tile"
+  if s.fma: call, args = "g_fma_tile", f"{s.bm}, {s.bn}, {s.bk}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.ldb}LL"
+  return f"float {ctx.names[m]}[{s.regs}];\n{decl}{call}<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]}{gather});"
 
 
 def shared_bytes(linear: UOp) -> int:

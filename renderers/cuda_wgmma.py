@@ -27,6 +27,10 @@ shared memory through 64-bit matrix descriptors). The template:
   array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block index
   once, through `g_block_index()` (`wgmma_rules`): nvcc reads `%ctaid` again after the product where the epilogue uses
   it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
+A gathered A (a channels-last convolution: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
+chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
+(`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
+STAGES - 1 slices ahead, in 3 slices (97 KiB and the table: 2 blocks a multiprocessor).
 Accumulator e of a lane (the PTX fragment layout of m64nNk16's D, which is mma.m16n8k16's C per 8 columns) holds the
 output at row 16 * (warp % 4) + lane / 4 + 8 * ((e % 4) / 2) of its warpgroup's 64 rows and column
 8 * (e / 4) + 2 * (lane % 4) + e % 2: the layout of renderers/cuda_mma.py with one m16 fragment per warp (WM = BM/16
@@ -62,8 +66,8 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
-template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB>
-__device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B) {
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
+__device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
   constexpr int BK = 64, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
   constexpr int A_BYTES = BM * BK * 2, STAGE = (BM + BN) * BK * 2;
   static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
@@ -72,15 +76,29 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
   unsigned char* smem = g_dynamic_shared + (base - raw);
   const int tid = threadIdx.x, wg = tid >> 7;
+  /* a gathered A (in 16-byte chunks: rules/opt/tensor_core.py Gather.chunked): the offsets of this thread's rows
+     (tid + t * THREADS) / 8, and a table of k's offsets after the tiles */
+  constexpr bool MATRIX = g_is_matrix<G>::value;
+  constexpr int AHEAD = MATRIX ? STAGES - 2 : STAGES - 1;   /* slices copied ahead: a gathered A's steps wait for their group */
+  static_assert(MATRIX || G::chunked, "a gathered A on wgmma is copied in 16-byte chunks");
+  long long roff[BM * 8 / THREADS];
+  int* koff = reinterpret_cast<int*>(smem + STAGES * STAGE);
+  if constexpr (!MATRIX) {
+#pragma unroll
+    for (int t = 0; t < BM * 8 / THREADS; t++) roff[t] = gather.rows(gather.row0 + ((tid + t * THREADS) >> 3));
+    for (int k = tid; k < K; k += THREADS) koff[k] = gather.ks(k);
+    __syncthreads();
+  }
 #pragma unroll
   for (int e = 0; e < REGS; e++) acc[e] = 0.0f;
   auto load = [&](int stage, int k0) {
     unsigned char* sa = smem + stage * STAGE;
     unsigned char* sb = sa + A_BYTES;
+    const T* a = MATRIX ? A + k0 + (tid & 7) * 8 : A + koff[k0 + (tid & 7) * 8];
 #pragma unroll
     for (int t = 0; t < BM * 8 / THREADS; t++) {
       const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
-      g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), A + row * LDA + k0 + chunk * 8);
+      g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), a + (MATRIX ? row * LDA : roff[t]));
     }
 #pragma unroll
     for (int t = 0; t < BN * 8 / THREADS; t++) {
@@ -95,12 +113,12 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     }
   };
 #pragma unroll
-  for (int s = 0; s < STAGES - 2; s++) {
+  for (int s = 0; s < AHEAD; s++) {
     if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
   for (int kt = 0; kt < KT; kt++) {
-    g_cp_async_wait<STAGES - 3>();   /* slice kt has landed (for this thread's copies) */
+    g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
@@ -111,10 +129,11 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
       g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    /* while the tensor cores work: the copies of slice kt + STAGES - 2, into the stage slice kt - 2 left */
-    if (kt + STAGES - 2 < KT) load((kt + STAGES - 2) % STAGES, (kt + STAGES - 2) * BK);
+    /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
+    if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
     g_cp_async_commit();
-    g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
+    if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
+    else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */
   }
   g_wgmma_wait<0>();
   g_cp_async_wait<0>();
@@ -122,11 +141,12 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
 """])
 
 
-def render_wgmma(ctx, m: UOp) -> str:
+def render_wgmma(ctx, m: UOp, gather: str = "") -> str:
+  """The tile's call; `gather`: a gathered A's last argument (renderers/cuda_mma.py gather_text, which declares it)."""
   s = m.arg
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"
-  return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]});"
+  return f"float {ctx.names[m]}[{s.regs}];\ng_wgmma_tile<{args}>({ctx.names[m]}, {ctx[m.src[0]]}, {ctx[m.src[1]]}{gather});"
 
 
 def holds_wgmma(linear: UOp) -> bool: return any(u.op is Ops.MMA and u.arg.wgmma for u in linear.src)

@@ -54,6 +54,16 @@ class Buffer:
     self._allocator = None
     self.successor: Buffer | None = None   # set by split_version: the Buffer that owns this one's memory since
 
+  @classmethod
+  def allocated_now(cls, device: str, size: int, dtype: DType) -> Buffer:
+    """A Buffer whose memory is allocated now, of a kind checked before (a program's output, made on every run:
+    runtime/program.py), without checking its arguments again."""
+    b = object.__new__(cls)
+    b.device, b.size, b.dtype, b.successor = device, size, dtype, None
+    b._allocator = get_device(device).allocator
+    b._handle = b._allocator.alloc(size * dtype.itemsize)
+    return b
+
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 

@@ -253,6 +253,10 @@ def write_many(writes: list, also=(), private: bool = False) -> None:
   except BaseException as e:   # the tensors it was computing had let their graphs go: each says so when used
     for t, dtype in zip(lent, lent_dtypes):
       if t.uop is None: _lose(t, dtype, e)
+    if (written := getattr(e, "written_inputs", None)) is not None:
+      new = sum(any(d is w for w in written) for d in dests)
+      e.add_note(f"the in-place update stopped partway: {new} of the {len(dests)} tensors it writes hold their new "
+                 f"values, the others their old ones")
     raise
   finally:   # (after a failure too: the views stay usable, over what the run had written)
     for buf, dest, vs in zip(bufs, dests, views):

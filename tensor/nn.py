@@ -157,13 +157,16 @@ class NNMixin:
     return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
 
   # ---- convolution and pooling (NCHW) ----
-  def _windows(self, kernel: tuple[int, int], stride: tuple[int, int]):
+  def _windows(self, kernel: tuple[int, int], stride: tuple[int, int], channels_last: bool = False):
     """The sliding windows of this (N, C, H, W) tensor as ONE View of shape (N, C, OH, OW, KH, KW) over its
-    row-major layout: moving one output row steps stride*W elements, one kernel row W, one kernel column 1."""
-    n, c, h, w = self.shape
+    row-major layout: moving one output row steps stride*W elements, one kernel row W, one kernel column 1. With
+    channels_last the tensor is (N, H, W, C) and the windows' shape the same (N, C, OH, OW, KH, KW)."""
+    if channels_last: n, h, w, c = self.shape
+    else: n, c, h, w = self.shape
     (kh, kw), (sh, sw) = kernel, stride
     oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
-    win = View((n, c, oh, ow, kh, kw), (c * h * w, h * w, sh * w, sw, w, 1))
+    px, pc = (c, 1) if channels_last else (1, h * w)   # the steps of one column and one channel
+    win = View((n, c, oh, ow, kh, kw), (c * h * w, pc, sh * w * px, sw * px, w * px, px))
     u = self.uop
     if u.op is Ops.VIEW and (merged := compose(u.arg, win)) is not None:
       return self._new(UOp(Ops.VIEW, self.dtype, (u.src[0],), merged), win.shape)
@@ -185,15 +188,24 @@ class NNMixin:
       raise ValueError(f"conv2d: input of shape {self.shape} has {self.shape[1]} channels, weight of shape "
                        f"{weight.shape} expects {weight.shape[1]}")
     o, c, kh, kw = weight.shape
-    x = self.pad(((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
+    # a 16-bit input whose channels come in 16-byte runs is read channels-last, and summed over (kernel row, kernel
+    # column, channel): 8 consecutive terms of the sum are then 16 contiguous bytes, which tensor cores' tile copies
+    # take whole (rules/opt/tensor_core.py `Gather.chunked`); the filters are copied into (O, KH, KW, C) for it
+    channels_last = self.dtype.is_half and c % 8 == 0
+    pad = ((0, 0), (padding[0], padding[0]), (padding[1], padding[1]), (0, 0))
+    x = self.permute(0, 2, 3, 1).pad(pad) if channels_last else self.pad((pad[0], pad[3], pad[1], pad[2]))
     # the padded input is stored once (a copy the size of the input): the kernel that reads each element kh*kw*O
     # times then reads it without the masks of padding, whose branches would sit in its innermost loop
-    if any(padding): x = x.contiguous()
-    win = x._windows((kh, kw), stride)  # (N, C, OH, OW, KH, KW)
+    if any(padding) or channels_last: x = x.contiguous()
+    win = x._windows((kh, kw), stride, channels_last)  # (N, C, OH, OW, KH, KW)
     n, _, oh, ow, _, _ = win.shape
-    # (N, 1, OH, OW, C, KH, KW) * (1, O, 1, 1, C, KH, KW), summed over the last three
-    xs = win.permute(0, 2, 3, 1, 4, 5).reshape(n, 1, oh, ow, c, kh, kw)
-    out = _mul_sum(xs, weight.reshape(1, o, 1, 1, c, kh, kw), (4, 5, 6))
+    if channels_last:   # (N, 1, OH, OW, KH, KW, C) * (1, O, 1, 1, KH, KW, C), summed over the last three
+      xs = win.permute(0, 2, 3, 4, 5, 1).reshape(n, 1, oh, ow, kh, kw, c)
+      ws = weight.permute(0, 2, 3, 1).contiguous().reshape(1, o, 1, 1, kh, kw, c)
+    else:   # (N, 1, OH, OW, C, KH, KW) * (1, O, 1, 1, C, KH, KW)
+      xs = win.permute(0, 2, 3, 1, 4, 5).reshape(n, 1, oh, ow, c, kh, kw)
+      ws = weight.reshape(1, o, 1, 1, c, kh, kw)
+    out = _mul_sum(xs, ws, (4, 5, 6))
     if bias is not None:
       if bias.shape != (o,): raise ValueError(f"conv2d: bias of shape {bias.shape} does not match {o} output channels")
       out = out + bias.reshape(1, o, 1, 1)

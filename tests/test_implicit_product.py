@@ -17,6 +17,13 @@ from test_tensor_nn import _conv2d
 def pair(v): return v if isinstance(v, tuple) else (v, v)
 
 
+@pytest.fixture(autouse=True)
+def implicit_product_plans(monkeypatch):
+  """The convolutions here on the implicit product's plans: with the tensor-core stage on, the strict float32 ones
+  that fit its FMA tile take that (tests/test_tensor_cores.py); the others, as this file's smallest, come here."""
+  monkeypatch.setenv("GRAFT_TC", "0")
+
+
 def conv(n=2, c=16, o=64, hw=(16, 16), stride=1, padding=1, bias=True, seed=0, device="CPU"):
   """(a float32 convolution with a bias and a ReLU, numpy's answer in float64)."""
   rng = np.random.default_rng(seed)
@@ -80,10 +87,14 @@ def test_the_convolution_kernels_compile_for_sm_90(tmp_path):
 
 
 @pytest.mark.parametrize("n, c, o, hw, stride, padding", [(4, 32, 128, (28, 28), 1, 1), (2, 16, 64, (31, 31), 2, 1), (3, 5, 8, (7, 9), 1, 0)])
-def test_convolutions_on_the_gpu_match_numpy(n, c, o, hw, stride, padding):
+def test_convolutions_on_the_gpu_match_numpy(n, c, o, hw, stride, padding, monkeypatch):
   from runtime.device import get_device
   from runtime.cuda import CUDAUnavailable
   try: get_device("CUDA")
   except CUDAUnavailable as e: pytest.skip(f"no usable CUDA GPU here: {str(e).split(' (')[0]}")
   t, want = conv(n, c, o, hw, stride, padding, device="CUDA")
   assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-4)   # strict float32
+  monkeypatch.delenv("GRAFT_TC")   # the FMA tile where one fits (the first two), the same numbers
+  t, want = conv(n, c, o, hw, stride, padding, device="CUDA")
+  assert ("g_fma_tile" in t.kernel_sources()[-1]) == (c != 5)
+  assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-4)

@@ -221,17 +221,20 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
               Tensor(normal(4, 128, 64)) @ Tensor(normal(4, 64, 128)),
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
-              *wgmma_programs()]
+              *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0]]   # (a conv on wgmma)
+  monkeypatch.delenv("GRAFT_TF32", raising=False)   # a strict float32 convolution: the FMA tile
+  strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
   x32, w32 = Tensor(normal(512, 256, dtype=np.float32)), Tensor(normal(256, 512, dtype=np.float32))
   programs += [x32 @ w32, (x32 @ Tensor(normal(512, 256, dtype=np.float32)).T).relu(), conv_case(np.float16, bias=True)[0],
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
-  sources = [p.kernel_sources(device="CUDA") for p in programs]
+  sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
-  assert all(any("g_mma_tile<" in k or "g_wgmma_tile<" in k for k in ks) for ks in sources)
+  assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
-  assert sum("g_gather<" in k for k in kernels) == 3 and sum("g_mma_tile<float," in k for k in kernels) == 5
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 6
+  assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
+  assert sum("g_fma_tile<" in k for k in kernels) == 1
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
   src.write_text(renderer.source(kernels))
   printed = cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
@@ -262,6 +265,9 @@ def model_mma(spec: TileSpec):
   warp, lane = t // 32, t % 32
   rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
   cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
+  if spec.fma:   # strict float32 on the FMA units: lane (x, y) holds rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 + 4y..
+    x, y, i, j = t % (spec.bm // 8), t // (spec.bm // 8), e // 8, e % 8
+    rows, cols = x * 4 + i // 4 * (spec.bm // 2) + i % 4, y * 4 + j // 4 * (spec.bn // 2) + j % 4
   r, kk, col = np.arange(spec.bm)[:, None], np.arange(spec.k), np.arange(spec.bn)
   def mma(a, b, row0=None):
     (abuf, aidx), (bbuf, bidx) = a, b
@@ -403,15 +409,35 @@ def conv_case(dtype, n=2, c=32, o=64, hw=(8, 8), stride=1, padding=1, seed=0, bi
 
 
 def test_a_half_convolution_is_a_product_whose_input_tile_is_gathered_from_its_windows():
-  t, _ = conv_case(np.float16)
-  src = t.kernel_sources(device="CUDA")[-1]   # (the padded copy first)
-  # rows: (image, output row, output column); k: (channel, kernel row, kernel column) of the padded 10x10 input
-  assert "return ((r) % 8) * 1LL + ((r / 8) % 8) * 10LL + (r / 64) * 3200LL;" in src
-  assert "return ((k) % 3) * 1LL + ((k / 3) % 3) * 10LL + (k / 9) * 100LL;" in src
-  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, true, 288, 0LL, 288LL>" in src   # the weights: B along k (c, kh, kw)
+  t, _ = conv_case(np.float16, bias=True)
+  sources = t.kernel_sources(device="CUDA")
+  assert len(sources) == 3   # the padded input channels-last (2 x 10 x 10 x 32), the filters (64, 3, 3, 32), the product
+  src = sources[-1]
+  # rows: (image, output row, output column); k: (kernel row, kernel column, channel) of the padded 10x10 input
+  assert "return ((r) % 8) * 32LL + ((r / 8) % 8) * 320LL + (r / 64) * 3200LL;" in src
+  assert "return ((k) % 32) * 1LL + ((k / 32) % 3) * 32LL + (k / 96) * 320LL;" in src
+  # the weights: B along k (kh, kw, c); A's tile copied in 16-byte chunks of 8 channels (g_gather<..., true>)
+  assert "g_mma_tile<half, 64, 64, 32, 2, 2, 3, true, 288, 0LL, 288LL>" in src and "decltype(mma24_ks), true>" in src
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 2 * 3 + 4 * 288   # + k's offsets
   assert "im2col" not in src and src.count("__global__") == 1
+  # the epilogue (bias, ReLU) on each of a lane's 32 accumulators before its store, in the product's kernel (the
+  # bias of each of its 8 columns read once)
+  assert src.count("*(data0+") == src.count("<((half)0.0f)") == 32 and src.count("*(data3+") == 8
+
+
+def test_a_strict_float32_convolution_is_a_tile_on_the_fma_units_its_input_gathered_as_staged(monkeypatch):
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  t, _ = conv_case(np.float32, o=128, hw=(16, 16), bias=True)
+  src = t.kernel_sources(device="CUDA")[-1]   # (the padded copy first)
+  # NCHW: rows (image, output row, output column), k (channel, kernel row, kernel column) of the padded 18x18 input
+  assert "return ((r) % 16) * 1LL + ((r / 16) % 16) * 18LL + (r / 256) * 10368LL;" in src
+  assert "return ((k) % 3) * 1LL + ((k / 3) % 3) * 18LL + (k / 9) * 324LL;" in src
+  # 512 rows: tiles of 64 x 64 (8 blocks; 128 x 128 would leave more multiprocessors idle), 64 lanes of 8 x 8 outputs
+  assert "g_fma_tile<64, 64, 8, 4, true, 288, 288LL>" in src and "g_mma_tile" not in src
+  assert "__launch_bounds__(64)" in src and src.count("*(data0+") == src.count("<0.0f)") == 64   # bias, ReLU: each output
+  from runtime.cuda import dynamic_shared_bytes
+  assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64 + 4) * 8 * 4 * 4 + 4 * 288
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [
@@ -425,6 +451,24 @@ def test_convolutions_on_tensor_cores_in_the_model_grid(dtype, stride, padding, 
   assert [s.gather is not None for s in specs] == [True]
   tol = 2e-2 if dtype == np.float16 else 1e-4
   assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol * 10)
+
+
+def test_a_half_convolution_with_a_block_for_every_multiprocessor_takes_warpgroup_mma_its_tile_gathered_in_chunks(monkeypatch):
+  # 4 multiprocessors: 512 rows x 128 filters are 4 blocks of 128 x 128; k = 9 x 64 channels, slices of 64
+  t, want = conv_case(np.float16, c=64, o=128, hw=(16, 16), bias=True)
+  got, specs = on_model_grid(t, monkeypatch, multiprocessors=4)
+  assert [(s.wgmma, s.gather.chunked, s.stages) for s in specs] == [(True, True, 3)]   # (each step waits for its group)
+  assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.parametrize("stride, padding, hw, o", [(1, 1, (8, 8), 128), (2, 1, (15, 15), 64), ((1, 2), (2, 0), (6, 33), 64)],
+                         ids=["pad1", "stride2-odd", "mixed"])
+def test_strict_float32_convolutions_on_the_fma_tile_in_the_model_grid(stride, padding, hw, o, monkeypatch):
+  monkeypatch.delenv("GRAFT_TF32", raising=False)
+  t, want = conv_case(np.float32, o=o, hw=hw, stride=stride, padding=padding, bias=True)
+  got, specs = on_model_grid(t, monkeypatch)
+  assert [(s.fma, s.gather is not None) for s in specs] == [(True, True)]
+  assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def planned(t: Tensor, arch: str, multiprocessors: int = 4) -> list[TileSpec]:
@@ -452,7 +496,8 @@ def test_a_tile_fits_the_shared_memory_of_the_gpu_it_is_planned_for(monkeypatch)
 
 def test_what_a_tile_does_not_divide_stays_on_the_other_plans(monkeypatch):
   monkeypatch.delenv("GRAFT_TF32", raising=False)
-  assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32
+  assert "g_mma_tile" not in "".join(conv_case(np.float32)[0].kernel_sources(device="CUDA"))   # strict float32: FMA
+  assert "g_fma_tile" not in "".join(conv_case(np.float32, hw=(7, 7))[0].kernel_sources(device="CUDA"))   # 98 rows
   assert "g_mma_tile" not in "".join(conv_case(np.float16, hw=(7, 7))[0].kernel_sources(device="CUDA"))   # 98 rows
   assert "g_mma_tile" not in "".join(conv_case(np.float16, c=3)[0].kernel_sources(device="CUDA"))   # k = 27
 
@@ -539,6 +584,14 @@ def test_tf32_products_on_the_gpu_match_numpy_and_the_switch_changes_a_warm_call
   monkeypatch.setenv("GRAFT_TF32", "0")   # the same graph again: not the TF32 program of the call before
   strict = run()
   assert not tf32_kernels() and rel_err(strict, a @ w) < 1e-5
+
+
+@pytest.mark.parametrize("stride, hw", [(1, (48, 48)), (2, (95, 95))], ids=["pad1", "stride2-odd"])
+def test_half_convolutions_on_warpgroup_mma_on_the_gpu_match_numpy(gpu, stride, hw):
+  t, want = conv_case(np.float16, n=8, c=64, o=128, hw=hw, stride=stride, bias=True, device="CUDA")
+  src = t.kernel_sources()[-1]
+  assert ("g_wgmma_tile<" in src) == (gpu.arch.startswith("sm_90")) and "decltype(mma" in src   # 144 blocks, gathered
+  assert rel_err(t.numpy().astype(np.float64), want) < 2e-3
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [

@@ -10,7 +10,8 @@ their row-major order, at the place of the first of them, and a loop K of the re
 is the flat loop's value split back (`R // (OH*OW)`, `R // OW % OH`, `R % OW`), so every load and the store read and
 write what they did. The tile plan then stages A's tile in shared memory with each element's index gathered through
 those splits (no im2col buffer), and runs the epilogue (bias, activation) on each register before its store.
-Other kernels are left alone; a kernel on tensor cores (its SPECIALs) is planned already.
+Other kernels are left alone; a kernel on tensor cores (its SPECIALs) is planned already, as is a strict float32
+convolution whose sizes divide an FMA tile (rules/opt/tensor_core.py `TileSpec.fma`): this stage takes the others.
 """
 from __future__ import annotations
 import math

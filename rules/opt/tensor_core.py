@@ -1,22 +1,26 @@
 """Tensor cores on a GPU (stage `tensor_core`, kernel scope, before the GPU's own stages): a product of two 16-bit float
 operands (float16 or bfloat16) summed in float32 -- the pattern `tensor/nn.py` `_mul_sum` makes for `a @ b` and for a
 convolution -- or, with GRAFT_TF32=1, of two float32 operands (TF32), runs on `mma.sync` (m16n8k16; m16n8k8 for
-TF32; or, a 16-bit matrix product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias,
-activation, residual, cast) applied to its accumulators before the store.
+TF32; or, a 16-bit product on Hopper, `wgmma.mma_async`) with whatever is elementwise around it (bias, activation,
+residual, cast) applied to its accumulators before the store. A strict float32 convolution (two float32 operands,
+GRAFT_TF32 unset, A gathered) takes the same tile's staging on the FMA units (`TileSpec.fma`).
 
 Contract. In: a lowered kernel `SINK(STORE(out[idx], f(REDUCE(ADD, float32, CAST(LOAD A) * CAST(LOAD B), *ks))))`
 (float32 loads without the CASTs for TF32) whose only loops are its output loops and the ks; both indices affine.
 B: one output loop j in its index and not A's, its k loops one flat loop (`collapse`) along which B is contiguous, or
 B contiguous along j. A: its rows, the output loops in its index and not B's; either a matrix (k one flat loop of
 stride 1; its innermost row loop i, the others a batch; row stride a multiple of 16 bytes) or gathered (a
-convolution's windows: `Gather`, every row loop and k loop with its stride). Every other output loop is a batch
+convolution's windows: `Gather`, every row loop and k loop with its stride; `chunked` where k's innermost loop is
+contiguous and every offset a whole number of 16-byte chunks: a channels-last input, tensor/nn.py `conv2d`). Every
+other output loop is a batch
 (strides multiples of 16 bytes); the sizes divide a tile. A matrix A is preferred where either operand could be A.
 Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole product tile:
 
 - `MMA(INDEX(A, the tile's first row), INDEX(B, its first column)[, the first flat row], arg=TileSpec)`, dtype
   `float32.vec(regs)`: a block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies
   its tiles of A and B into shared memory (`cp.async`, STAGES slices in flight, rows swizzled so that `ldmatrix`
-  reads hit 32 banks; a gathered A element by element, from its base at row 0 and the flat row given), and each warp
+  reads hit 32 banks; a gathered A from its base at row 0 and the flat row given, in chunks where `chunked`, else
+  element by element), and each warp
   reads its fragments with `ldmatrix` (`.trans` for a 16-bit B stored along j) and accumulates its (BM/WM) x (BN/WN)
   outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
 - `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
@@ -29,7 +33,14 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
 that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
 warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
-warp, so the stores above serve both. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps mma.sync.
+warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
+mma.sync.
+
+Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
+loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
+rules/opt/gpu_tile.py). BM*BN/64 lanes each hold 8x8 outputs (`accumulator_at`); the tiles are staged as above by
+4-byte cp.async, stored along k and read 4 floats at a time. A strict float32 convolution the FMA tiles do not divide
+goes on to stage `implicit_product` (rules/opt/implicit.py).
 
 A kernel that does not match, or any kernel on a GPU older than sm_80 (Ampere: cp.async, mma.sync m16n8k16 for bf16
 and m16n8k8 for TF32 start there), is left alone (the GPU's other plans take it); so is one whose tiles all need more
@@ -62,11 +73,19 @@ TF32_TILES = TILES
 # 193 KiB of shared memory; 128x128: 129 KiB); taken where one gives every multiprocessor a block, else the mma.sync
 # tiles above. H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events, one wgmma group left in flight: 128x256 with 4 slices
 # 554 / 462, with 3 379 / 326; 128x128 with 4 491 / 400, with 3 (2 blocks a multiprocessor) 438 / 365; 256x128 (4
-# warpgroups) with 4 561 / 444 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices
-# (not gathered): TF32 and convolutions take mma.sync.
+# warpgroups) with 4 561 / 444 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices or
+# gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
+# mma.sync's 0.109): TF32 and other gathered operands take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
+WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
+FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
+# strict float32 with a gathered A (a convolution) on the FMA units: (BM, BN, WM, WN, BK, STAGES), BM*BN/64 lanes of
+# 8x8 outputs each (WM x WN: their warps). H100, conv 32x128x56x56 3x3 (bench/conv_variants.py), the product alone:
+# 128x128 with BK 8 and 4 slices in flight 0.748 ms; BK 8 and 2 or 3 slices, BK 16 and 3: 0.740-0.765; 64x128 0.751;
+# 128x64 0.800; 64x64 0.813 (the implicit product's float32 tiles before: 0.922)
+FMA_TILES = ((128, 128, 8, 1, 8, 4), (64, 128, 4, 1, 8, 4), (64, 64, 2, 1, 8, 4))
 
 
 def capability(arch: str) -> int:
@@ -133,6 +152,8 @@ class Gather:
   into a table in shared memory; the tile is then staged element by element."""
   rows: Dims
   ks: Dims
+  chunked: bool = False   # k's innermost loop contiguous and every offset a whole number of 16-byte chunks (a
+                          # channels-last input): the tile is staged by 16-byte copies, as a matrix's is
 
 
 @dataclass(frozen=True)
@@ -153,18 +174,20 @@ class TileSpec:
   ldb: int
   wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
   gather: Gather | None = None
+  fma: bool = False    # strict float32 on the FMA units (a lane's 8x8 outputs; renderers/cuda_mma.py g_fma_tile)
   @property
-  def threads(self) -> int: return self.wm * self.wn * 32
+  def threads(self) -> int: return self.bm * self.bn // 64 if self.fma else self.wm * self.wn * 32
   @property
   def mt(self) -> int: return self.bm // self.wm // 16    # m16 fragments of a warp's tile
   @property
   def nt(self) -> int: return self.bn // self.wn // 8     # n8 fragments of a warp's tile
   @property
-  def regs(self) -> int: return self.mt * self.nt * 4     # float accumulators of a lane
+  def regs(self) -> int: return 64 if self.fma else self.mt * self.nt * 4     # float accumulators of a lane
   @property
   def itemsize(self) -> int: return getattr(dtypes, self.dtype).itemsize
   @property
   def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
+    if self.fma: return (self.bm + self.bn + FMA_PAD) * self.bk * 4 * self.stages + 4 * self.k
     return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0)
 
 
@@ -199,11 +222,12 @@ def _affine(idx: UOp) -> dict[UOp | None, int] | None:
 
 
 def _operand(x: UOp) -> UOp | None:
-  """The 16-bit float load under a CAST to float32 (or, with GRAFT_TF32=1, a float32 load), or None."""
+  """The 16-bit float load under a CAST to float32, or a float32 load (TF32 with GRAFT_TF32=1, else strict float32 on
+  the FMA units, a gathered A only), or None."""
   ld = x.src[0] if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.src[0].dtype in HALVES else x
   if ld.op is not Ops.LOAD or len(ld.src) != 1 or ld.src[0].src[0].op is not Ops.DEFINE_GLOBAL: return None
   if ld.dtype in HALVES: return ld if ld is not x else None
-  return ld if ld.dtype is dtypes.float32 and tf32_requested() else None
+  return ld if ld.dtype is dtypes.float32 else None
 
 
 def collapse(dims: Dims) -> Dims:
@@ -250,10 +274,16 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   ldb = ib[j] if b_along_k else bk_dims[0][1]
   # A: a matrix (rows: its innermost row loop, the others a batch; k one loop of stride 1), or gathered
   ak_dims, gather, lda = collapse(tuple((size(k), ia.get(k, 0)) for k in ks)), None, ia[rows[-1]]
+  fma = itemsize == 4 and not tf32_requested()   # strict float32: the FMA units, for a gathered A only
   if len(ak_dims) == 1 and ak_dims[0][1] == 1 and lda % align == 0 and ia.get(None, 0) % align == 0: rows = rows[-1:]
   else:
-    gather, lda = Gather(tuple((size(r), ia[r]) for r in rows), tuple((size(k), ia.get(k, 0)) for k in ks)), 0
+    row_dims, k_dims = tuple((size(r), ia[r]) for r in rows), tuple((size(k), ia.get(k, 0)) for k in ks)
+    # in 16-byte chunks where k's innermost loop (collapsed) is contiguous and every offset a whole number of chunks
+    chunked = not fma and ak_dims[-1][1] == 1 and ak_dims[-1][0] % align == 0 and \
+      all(c % align == 0 for c in (ia.get(None, 0), *(c for _, c in row_dims + ak_dims[:-1])))
+    gather, lda = Gather(row_dims, k_dims, chunked), 0
     if math.prod(size(k) for k in ks) > MAX_GATHERED_K or sum((s - 1) * abs(c) for s, c in gather.ks) >= 2 ** 31: return None
+  if fma and (gather is None or len(rows) < 2 and len(ak_dims) < 2): return None   # a convolution's windows only
   batch = [r for r in outs if r is not j and r not in rows]
   strides = [ldb, ib.get(None, 0)] + [c for r, c in ib.items() if r in batch]
   if gather is None: strides += [c for r, c in ia.items() if r in batch]
@@ -261,11 +291,14 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   m = math.prod(size(r) for r in rows)
   blocks = lambda t: math.prod(size(r) for r in batch) * (m // t[0]) * (size(j) // t[1])
   divides = lambda t: m % t[0] == 0 and size(j) % t[1] == 0 and bk_dims[0][0] % t[4] == 0
-  spec = lambda t, wgmma: TileSpec(a.dtype.name, *t, b_along_k, bk_dims[0][0], lda, ldb, wgmma, gather)
+  def spec(t, wgmma):   # (a gathered A on wgmma: its steps wait for their own group, in WGMMA_GATHERED_STAGES slices)
+    stages = WGMMA_GATHERED_STAGES if wgmma and gather is not None else t[5]
+    return TileSpec(a.dtype.name, *t[:5], stages, b_along_k, bk_dims[0][0], lda, ldb, wgmma, gather, fma)
   # (a tile within the GPU's shared memory: sm_86, sm_89 and sm_120 allow a block 99 KiB)
   wgmma = [spec(t, True) for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors and spec(t, True).shared_bytes
-           <= max_shared(arch)] if arch == "sm_90" and itemsize == 2 and gather is None and not tile_text() and wgmma_enabled() else []
-  fits = [spec(t, False) for t in tiles(itemsize) if divides(t)]
+           <= max_shared(arch)] if arch == "sm_90" and itemsize == 2 and (gather is None or gather.chunked) and not tile_text() \
+    and wgmma_enabled() else []
+  fits = [spec(t, False) for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if tile_text() and fits and fits[0].shared_bytes > max_shared(arch):
     raise ValueError(f"GRAFT_TC_TILE={tile_text()!r}: its tiles need {fits[0].shared_bytes} bytes of shared memory, more than a "
                      f"block of {arch} may have ({max_shared(arch)}); take fewer STAGES, a smaller BK or tile, or unset it")
@@ -290,6 +323,21 @@ def _split(flat: UOp, loops: list[UOp]) -> dict[UOp, UOp]:
   return dict(zip(loops, split_flat(flat, [r.src[0].arg for r in loops])))
 
 
+def accumulator_at(s: TileSpec, lidx: UOp, e: int) -> tuple[UOp, UOp]:
+  """The row and column in the block's tile of accumulator e of lane lidx. mma (m16n8k16's fragment layout, per
+  warp): e = (mt * NT + nt) * 4 + c at row mt*16 + lane//4 + 8*(c//2), column nt*8 + 2*(lane%4) + c%2 of the warp's
+  tile. FMA: lane (x, y) = (lidx % (BM/8), lidx // (BM/8)) holds rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 +
+  4y.., e = 8 * (its row of these 8) + its column (consecutive lanes: consecutive rows, whose outputs lie side by
+  side in a convolution's output)."""
+  if s.fma:
+    x, y, i, j = lidx % (s.bm // 8), lidx // (s.bm // 8), e // 8, e % 8
+    return x * 4 + ((i // 4) * (s.bm // 2) + i % 4), y * 4 + ((j // 4) * (s.bn // 2) + j % 4)
+  warp, lane = lidx // 32, lidx % 32
+  mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
+  return ((warp // s.wn) * (s.bm // s.wm) + lane // 4 + (mt * 16 + (c // 2) * 8),
+          (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2 + (nt * 8 + c % 2))
+
+
 def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   if (p := ctx.product) is None or sink.arg == "linear" or isinstance(sink.arg, Plan): return None
   from rules.gpu import special   # (the GPU rules import rules.opt)
@@ -309,14 +357,11 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   # a gathered A: its base at row 0 and the block's first row apart (the template adds each row's offset)
   a_src = (base(p.a, {r: zero for r in p.rows}), row0) if s.gather else (base(p.a, {p.rows[0]: row0}),)
   mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (a_src[0], base(p.b, {p.j: pid_n * s.bn}), *a_src[1:]), s)
-  warp, lane = lidx // 32, lidx % 32
-  row = row0 + (warp // s.wn) * (s.bm // s.wm) + lane // 4
-  col0 = pid_n * s.bn + (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2
   stores = []
   for e in range(s.regs):
-    mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
-    moves = {**at, **_split(row + (mt * 16 + (c // 2) * 8), p.rows), p.j: col0 + (nt * 8 + c % 2)}
+    row, col = accumulator_at(s, lidx, e)
+    moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
     stores.append(substitute(p.store, {p.red: acc, **moves}))
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
   plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
