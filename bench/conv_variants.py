@@ -7,20 +7,10 @@ F.conv2d on the same inputs (cuDNN; TF32 off for float32), so the ratios are sid
   python bench/conv_variants.py --dtype float16 --shape 32,128,56,56,128 ""
 """
 from __future__ import annotations
-import argparse, os, statistics, sys, time
+import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def timed(fn, sync, calls: int = 10, rounds: int = 5) -> float:
-  for _ in range(3): fn()
-  sync()
-  out = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    for _ in range(calls): fn()
-    sync()
-    out.append((time.perf_counter() - t0) / calls)
-  return statistics.median(out)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tensor_cores import timed  # noqa: E402  (one way to time a call, beside torch)
 
 
 def main() -> None:
