@@ -225,16 +225,6 @@ def _unrealized(u: UOp) -> list[UOp]:
   return out
 
 
-def _one_buffer_per_value(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
-  # the graph's own contiguous() (the gradient keeps a forward reduction it reads) and a buffer this stage decides for
-  # the same value meet once the sources under both are rewritten alike (an operand stored under a product): the
-  # value indexed before the rewrite (`index_stored`) is not the one the other asks for, so each is indexed again as
-  # it is reached, and the second of them is the first: one buffer, not one kernel storing a value twice
-  if c.arg is not None or is_buffer_view(x): return None
-  first = ctx.stored.setdefault(x, c)
-  return first if first is not c else None
-
-
 def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
   if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
   return c.replace(src=(decide(ctx, x, "the source of a copy between devices", c.arg[0]),))
@@ -252,8 +242,6 @@ realize_rules = PatternMatcher([
   # contiguous() of what already is a whole buffer in order is that buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
-  # a value stored by the graph and by this stage is one buffer
-  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(name="x"),)), _one_buffer_per_value),
   # a reduction read through an expand is computed once, into a buffer
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
   # and so is a reduction that feeds another
