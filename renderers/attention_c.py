@@ -60,11 +60,22 @@ def _literal(value, dtype) -> str:
 BINARY = {Ops.ADD: "({} + {})", Ops.MUL: "({} * {})", Ops.FDIV: "({} / {})", Ops.CMPLT: "({} < {})", Ops.CMPNE: "({} != {})"}
 
 
+class NotVector(Exception):
+  """The scores' expression has no vector form here (a load, a max or a cast of a vector): lane by lane instead."""
+
+
 class Epilogue:
-  """E(x, batch indices, i, j) as one C expression: the scores with the dot product's value named `x`."""
-  def __init__(self, dot: UOp):
-    self.dot = dot
-    self.vector = True   # whether the expression is valid C of a vector x too (no index, no load, no select)
+  """E(x, batch indices, i, j) as one C expression: the scores with the dot product's value named `x`. `lanes`: as C
+  of vectors (x a floatx<lanes>, j an intx<lanes> `jv` of the block's keys; a comparison a 0/-1 mask, a select bitwise
+  on it), else of scalars."""
+  def __init__(self, dot: UOp, lanes: int = 0):
+    self.dot, self.lanes = dot, lanes
+
+  def vec(self, code: str) -> bool: return bool(self.lanes) and ("x" in code.replace("INFINITY", "") or "jv" in code)
+
+  def mask(self, code: str, u: UOp) -> str:
+    """A bool as a vector operand: a scalar bool's 1 is a mask's -1."""
+    return f"(-({code}))" if u.dtype is dtypes.bool and not self.vec(code) else code
 
   def expr(self, u: UOp, idx: list[str], top: bool) -> str:
     if u.op is Ops.VIEW and u.src[0] is self.dot:
@@ -72,24 +83,47 @@ class Epilogue:
       return "x"
     if u.op is Ops.VIEW:
       v, inner = u.arg, u.src[0]
-      if inner.op is not Ops.CONST: self.vector = False
       if v.mask is not None: raise Unsupported("the scores read a padded view")
       if inner.op is Ops.CONST: return _literal(inner.arg, inner.dtype)
       flat = " + ".join([str(v.offset)] + [f"({i})*{s}" for i, s in zip(idx, v.strides) if s != 0])
-      if inner.op is Ops.BUFFER: return f"data{inner.arg.number}[{flat}]"
+      if inner.op is Ops.BUFFER:
+        if self.lanes: raise NotVector()
+        return f"data{inner.arg.number}[{flat}]"
       shape = shape_of(inner)
-      inner_idx = [f"((({flat}) / {st}) % {n})" if n > 1 else "0" for n, st in zip(shape, contiguous_strides(shape))]
-      return self.expr(inner, inner_idx, False)
-    if u.op not in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.CONST): self.vector = False
+      return self.expr(inner, [unravel(v, idx, flat, n, st) for n, st in zip(shape, contiguous_strides(shape))], False)
     if u.op is Ops.IOTA: return f"({idx[0]})"
     if u.op is Ops.CONST: return _literal(u.arg, u.dtype)
     args = [self.expr(s, idx, top) for s in u.src]
+    vector = any(map(self.vec, args))
+    if vector and u.op in (Ops.CMPNE, Ops.WHERE):
+      args = [self.mask(a, s) for a, s in zip(args, u.src)]
     if u.op in BINARY: return BINARY[u.op].format(*args)
     if u.op is Ops.NEG: return f"(-{args[0]})"
+    if u.op is Ops.WHERE and vector:
+      f, i = f"floatx{self.lanes}", f"intx{self.lanes}"
+      t = f if u.dtype.is_float else i
+      lift = lambda a: a if self.vec(a) else f"((({t}){{}}) + {a})"   # a scalar broadcast to the lanes
+      c = args[0] if self.vec(args[0]) else f"((({i}){{}}) + {args[0]})"
+      return f"(({t})((({i}){lift(args[1])} & {c}) | (({i}){lift(args[2])} & ~{c})))"
+    if vector: raise NotVector()
     if u.op is Ops.MAX: return f"({args[0]} > {args[1]} ? {args[0]} : {args[1]})"
     if u.op is Ops.WHERE: return f"({args[0]} ? {args[1]} : {args[2]})"
     if u.op is Ops.CAST: return f"(({'float' if u.dtype is dtypes.float32 else 'long' if not u.dtype is dtypes.bool else 'bool'}){args[0]})"
     raise Unsupported(f"the scores hold a {u.op.name}")
+
+
+def unravel(v: View, idx: list[str], flat: str, n: int, st: int) -> str:
+  """The index along an axis (n long, contiguous stride st) of the value that view v reads at `idx` (flat: its offset
+  in that value): an index of idx itself, or 0, where v broadcasts or permutes that axis (a causal mask's iota), with no
+  division; else the division and remainder of the flat offset."""
+  if n == 1: return "0"
+  terms = [(i, s, size) for i, s, size in zip(idx, v.strides, v.shape) if s != 0 and size > 1]
+  below = sum((size - 1) * s for _, s, size in terms if s < st)   # the most the axes inside this one add
+  along = [(i, s, size) for i, s, size in terms if st <= s < st * n]
+  if v.offset == 0 and below < st and all(s % (st * n) == 0 for _, s, _ in terms if s >= st * n):
+    if not along: return "0"
+    if len(along) == 1 and along[0][1] == st and along[0][2] <= n: return f"({along[0][0]})"
+  return f"((({flat}) / {st}) % {n})"
 
 
 def _dot(scores: UOp) -> UOp:
@@ -128,8 +162,10 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   dk = av.shape[-1]   # the dot product's length (the values' head dimension d may differ)
   w = lanes(d)
   nb = math.prod(batch)
-  epilogue = Epilogue(dot)
-  ep = epilogue.expr(scores, [f"b{n}" for n in range(len(batch))] + ["i", "j"], True)
+  idx = [f"b{n}" for n in range(len(batch))]
+  ep = Epilogue(dot).expr(scores, idx + ["i", "j"], True)   # lane by lane (raises Unsupported where E has no C form)
+  try: vector_ep = Epilogue(dot, w).expr(scores, [f"(int){b}" for b in idx] + ["i", "jv"], True)
+  except NotVector: vector_ep = None
   bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
   def base(v: View, n_batch: int) -> str: return " + ".join([str(v.offset)] + [f"b{n}*{s}" for n, s in enumerate(v.strides[:n_batch]) if s])
   nbt = len(batch)
@@ -137,7 +173,10 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   kj, kd = bv.strides[nbt + 1], bv.strides[-1]
   vd, vj = vv.strides[nbt + 1], vv.strides[-1]
   oi, od = os_[nbt], os_[nbt + 1]
-  nv, f, kb = d // w, f"floatx{w}", KEY_VECTORS
+  # KEY_VECTORS, or fewer where that pads the keys much less (128 keys: 3 vectors of 16 pad them to 144, 2 to 128)
+  padded = lambda n: -(-tk // (w * n)) * w * n
+  kb = min(range(2, KEY_VECTORS + 1), key=lambda n: (padded(n) > padded(KEY_VECTORS) * 0.94 if n < KEY_VECTORS else 0, padded(n), -n))
+  nv, f = d // w, f"floatx{w}"
   tkp, block = -(-tk // (w * kb)) * w * kb, w * kb
   rows = max(1, min(R, 16 // nv))   # the accumulators of a tile: rows x nv vectors, at most 16 registers
   slots = {u.arg.number: u.dtype for u in norm.toposort if u.op is Ops.BUFFER}
@@ -152,8 +191,10 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   # the scores of a block: E applied to the vector where it reads only the dot product and constants through +, *, /, -
   # (a scale), else lane by lane; keys past the end -inf
   past = f" if (j0 + {{u}}*{w} + {w} > {tk}) for (int jj = 0; jj < {w}; jj++) if (j0 + {{u}}*{w} + jj >= {tk}) s{{r}}_{{u}}[jj] = -INFINITY;" if tk % block else ""
-  if epilogue.vector:
-    scored = each("      s{r}_{u} = " + ep.replace("x", "s{r}_{u}") + f" * {LOG2_E!r}f;" + past, "{u}", kb)
+  lane = f"(intx{w}){{{', '.join(map(str, range(w)))}}}"
+  if vector_ep is not None:
+    scored = each(f"      {{ int i = (int)(r0 + {{r}} < i1 ? r0 + {{r}} : i1 - 1); intx{w} jv = (int)(j0 + {{u}}*{w}) + {lane}; {f} x = s{{r}}_{{u}};"
+                  f" s{{r}}_{{u}} = {vector_ep} * {LOG2_E!r}f; }}" + past, "{u}", kb)
   else:
     scored = each(f"""      {{ long i = r0 + {{r}} < i1 ? r0 + {{r}} : i1 - 1; float sv[{w}]; *({f}*)sv = s{{r}}_{{u}};
         for (int jj = 0; jj < {w}; jj++) {{ long j = j0 + {{u}}*{w} + jj; float x = sv[jj]; sv[jj] = j < {tk} ? (float)({ep}) * {LOG2_E!r}f : -INFINITY; }}
@@ -162,7 +203,10 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   top = f"s{{r}}_0" + "".join(f", s{{r}}_{u}" for u in range(1, kb))
   most = "s{r}_0"
   for u in range(1, kb): most = f"KERNEL_NAME_max({most}, s{{r}}_{u})"
-  online = each(f"""      {{ float bm = KERNEL_NAME_hmax({most}), mn = m{{r}} > bm ? m{{r}} : bm, safe = mn == -INFINITY ? 0.0f : mn;
+  # a block masked whole for every row of the tile (a causal mask's upper blocks) changes nothing: skipped
+  block_max = each(f"      float bm{{r}} = KERNEL_NAME_hmax({most});")
+  all_masked = " && ".join(f"bm{r} == -INFINITY" for r in range(rows))
+  online = each(f"""      {{ float bm = bm{{r}}, mn = m{{r}} > bm ? m{{r}} : bm, safe = mn == -INFINITY ? 0.0f : mn;
         float c = g_exp2f(m{{r}} - safe); m{{r}} = mn; l{{r}} *= c;
         {" ".join(f"{{ {f} p = g_exp2f_x{w}(s{{r}}_{u} - safe); l{{r}} += p; *({f}*)(pb[{{r}}] + {u * w}) = p; }}" for u in range(kb))}
         {rescale} }}""")
@@ -202,6 +246,8 @@ static __attribute__((noinline)) void KERNEL_NAME_task(long task, float* restric
 {chr(10).join(f"        {{ {f} kv = *({f}*)(kt + dd*{tkp} + j0 + {u * w});" + "".join(f" s{r}_{u} += qt[{r}][dd] * kv;" for r in range(rows)) + " }" for u in range(kb))}
       }}
 {scored}
+{block_max}
+      if ({all_masked}) continue;
 {online}
       for (int jj = 0; jj < {block}; jj++) {{
         const float* restrict vr = vp + (j0 + jj)*{d};
