@@ -33,6 +33,10 @@ on the CPU by the kernel's plan (`attention_plan`: d in vector lanes and upcast 
 threads, the dot product's loop `simd`), on a GPU by stage `attention_rows` (rule set `head_loop_rules`, before
 stage `gpu`): one thread a query row, its accumulator row in registers. Where heads are stored side by side (a loop
 of H*D), that stage splits off the inner D on the CPU too.
+
+On the CPU that row-at-a-time kernel is what a fused attention falls back to: where its operands allow, the kernel is
+rendered as the tiled kernel of renderers/attention_c.py instead (runtime/realize.py `tiled_attention`; DEBUG=2 says
+which and why).
 """
 from __future__ import annotations
 import math
