@@ -194,14 +194,11 @@ def lower_online_softmax(ctx: LowerContext, i: UOp, r: UOp, values: UOp, scores:
   over = lambda x, op, loop: UOp(Ops.REDUCE, dt, (x, loop), op) if loop.op is Ops.RANGE else x
   safe = lambda m: m.ne(inf).where(m, zero)   # a row masked so far: exp2(-inf - 0) = 0, not NaN
   block_max = over(s, Ops.MAX, inner)
-  # each carry follows the query row too: where the scores do not depend on it (a mask that fills every score), the
-  # running max and sum would otherwise be one for all rows, computed outside the rows' loops, apart from their loop
-  row = tuple(idxs[:-2])
-  m = carried(dt, ("max", -math.inf), outer, block_max, *row)
+  m = carried(dt, ("max", -math.inf), outer, block_max)
   m_new = m.maximum(block_max)
   c, p = UOp(Ops.EXP2, dt, (m - safe(m_new),)), UOp(Ops.EXP2, dt, (s - safe(m_new),))
   block_sum, block_acc = over(p, Ops.ADD, inner), over(p * v, Ops.ADD, inner)
-  l, a = carried(dt, ("sum", 0.0), outer, block_max, *row), carried(dt, ("acc", 0.0, shape_of(values)[-2]), outer, block_acc, *row)
+  l, a = carried(dt, ("sum", 0.0), outer, block_max), carried(dt, ("acc", 0.0, shape_of(values)[-2]), outer, block_acc)
   m_end, l_end, a_end = carry(m_new, m, outer), carry(l * c + block_sum, l, outer), carry(a * c + block_acc, a, outer)
   if lanes == 1: return UOp(Ops.NOOP, dt, (a_end / l_end, m_end))   # the running max is updated each step too
   # the chunks' states combined: each rescaled to the largest running max of the row
