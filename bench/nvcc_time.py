@@ -3,7 +3,7 @@ GPU's sizes) alone in a translation unit, compiled as the CUDA device compiles i
 a self-contained source without cuda_runtime.h) and as a plain `nvcc -cubin -arch=sm_90` of the same source does
 (cuda_runtime.h included), alternating, median of --repeats. Needs nvcc, not a GPU; the cache is not used.
 
-  PYTHONPATH=$PWD python3 bench/nvcc_time.py [--only attn,softmax] [--repeats 5]
+  PYTHONPATH=$PWD python3 bench/nvcc_time.py [--only attn,softmax] [--repeats 5] [--quick]
 
 A first call compiles its kernels in up to 8 nvcc calls side by side (runtime/realize.py `compile_groups`), so it
 waits for its slowest kernel: the `max` line. Inputs are made on the CPU at the GPU's sizes (ew, sum, softmax and
@@ -12,16 +12,16 @@ layernorm take 1 GiB each).
 from __future__ import annotations
 import argparse, csv, os, re, statistics, subprocess, sys, tempfile, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import WORKLOADS, SIZES, make_inputs   # bench/workloads.py: the same workloads and sizes
+from workloads import WORKLOADS, make_inputs, sizes_for   # bench/workloads.py: the same workloads and sizes
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PHASES = ("gcc (preprocessing 1)", "cicc", "ptxas")
 
 
-def kernel_sources(wid: str) -> list[str]:
+def kernel_sources(wid: str, quick: bool) -> list[str]:
   from tensor import Tensor
   w = WORKLOADS[wid]
-  ts = [Tensor(a, device="CPU") for a in make_inputs(w, SIZES["CUDA"][wid])]
+  ts = [Tensor(a, device="CPU") for a in make_inputs(w, sizes_for("CUDA", quick)[wid])]
   return w.graft(*ts).kernel_sources(device="CUDA")
 
 
@@ -42,6 +42,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--only", default="attn")
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
   args = ap.parse_args()
   from renderers.cuda import renderer
   from runtime import cuda
@@ -49,7 +50,7 @@ def main() -> None:
   ways = {"device": lambda s: cuda.target_flags(s, "sm_90"), "headers": lambda s: ["-arch=sm_90"]}
   print(f"nvcc seconds per kernel, median of {args.repeats}: {' / '.join(PHASES)} / wall")
   for wid in args.only.split(","):
-    sources = [renderer.source([k]) for k in kernel_sources(wid)]
+    sources = [renderer.source([k]) for k in kernel_sources(wid, args.quick)]
     worst = {w: 0.0 for w in ways}
     with tempfile.TemporaryDirectory() as work:
       for i, source in enumerate(sources):
