@@ -152,18 +152,26 @@ class CUDAInvalidImage(CUDAError):
 
 # ---------------------------------------------------------------- driver
 
+# why each driver library that failed to load did (by its name): sources for a GPU render on a machine without one
+# (Tensor.kernel_sources, the CUDA compile tests), and each kernel asks for the device a few times; a failed load is
+# ~50 ms (cffi's parse of the declarations, the library search), so it is tried once
+_unloadable: dict[str, str] = {}
+
+
 def driver() -> Any:
   """The driver library, loaded on first use (CUDAUnavailable when it is not installed)."""
   global _ffi, _lib
   if _lib is None:
+    if (why := _unloadable.get(LIBCUDA)) is not None: raise CUDAUnavailable(why)
     import cffi
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)
     try: lib = ffi.dlopen(LIBCUDA)
     except OSError as e:
-      raise CUDAUnavailable(f"DEVICE=CUDA needs the NVIDIA driver's library {LIBCUDA}, which could not be loaded "
-                            f"({e}): this machine has no NVIDIA driver (or no GPU). Install the driver, or run on "
-                            f"the CPU with DEVICE=CPU") from None
+      _unloadable[LIBCUDA] = why = (f"DEVICE=CUDA needs the NVIDIA driver's library {LIBCUDA}, which could not be "
+                                    f"loaded ({e}): this machine has no NVIDIA driver (or no GPU). Install the driver, "
+                                    f"or run on the CPU with DEVICE=CPU")
+      raise CUDAUnavailable(why) from None
     _ffi, _lib = ffi, lib
   return _lib
 
