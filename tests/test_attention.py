@@ -192,11 +192,12 @@ def test_scores_a_mask_fills_whole_are_the_same_for_every_row():
   # a mask over every score leaves scores that depend on no query row: the running max and sum are still each row's
   # (found by bench/fuzz.py --patterns: they were computed once, outside the rows' loops, and the kernel did not build)
   q, k, v = randn(2, 3, 5, 1), randn(3, 130, 1), randn(3, 130, 17)
-  everywhere = Tensor.full((5, 130), True, dtype="bool")
-  for dev in ("CPU", "model GPU"):
-    t = (Tensor(q, device="CPU") @ Tensor(k, device="CPU").transpose(-1, -2) * 0.125).masked_fill(everywhere, 0.0).softmax(-1)
-    t = t @ Tensor(v, device="CPU")
-    got = t.numpy() if dev == "CPU" else run_on_model_gpu(t)[0]
+  for model in (False, True):   # the default device (a GPU's under DEVICE=CUDA), then the numpy model of a GPU grid
+    dev = "CPU" if model else None
+    everywhere = Tensor.full((5, 130), True, dtype="bool", device=dev)
+    t = (Tensor(q, device=dev) @ Tensor(k, device=dev).transpose(-1, -2) * 0.125).masked_fill(everywhere, 0.0).softmax(-1)
+    t = t @ Tensor(v, device=dev)
+    got = run_on_model_gpu(t)[0] if model else t.numpy()
     np.testing.assert_allclose(got, np.broadcast_to(v.mean(-2, keepdims=True), (2, 3, 5, 17)), rtol=2e-5, atol=2e-5)
 
 
@@ -204,8 +205,12 @@ def test_one_query_row_read_with_other_values_in_one_loop():
   # one query row whose output is concatenated: the kernel's one loop runs over the head and what follows it, and the
   # running max and sum, the same for all of it, share their loop with the weighted sums (bench/fuzz.py --patterns)
   q, k, v = randn(1, 3), randn(3, 3), randn(3, 17)
-  t = (attention(Tensor(q), Tensor(k), Tensor(v), scale=0.125).reshape((17,))).cat(Tensor.full((2,), 2.0), axis=0)
-  np.testing.assert_allclose(t.numpy(), np.concatenate([attention(q, k, v, scale=0.125)[0], [2.0, 2.0]]), rtol=2e-5, atol=2e-5)
+  want = np.concatenate([attention(q, k, v, scale=0.125)[0], [2.0, 2.0]])
+  for model in (False, True):   # (on a GPU the scores are the same for all the kernel's outputs: a thread each)
+    dev = "CPU" if model else None
+    t = attention(Tensor(q, device=dev), Tensor(k, device=dev), Tensor(v, device=dev), scale=0.125).reshape((17,))
+    t = t.cat(Tensor.full((2,), 2.0, device=dev), axis=0)
+    np.testing.assert_allclose(run_on_model_gpu(t)[0] if model else t.numpy(), want, rtol=2e-5, atol=2e-5)
 
 
 def test_no_tq_by_tk_buffer_at_4096():
