@@ -159,6 +159,8 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   (a, av), (b, bv) = (_views(x) for x in dot.src[0].src)
   if av.strides[-2] != 0: (a, av), (b, bv) = (b, bv), (a, av)   # q does not vary along the keys, k along the rows
   if av.strides[-2] != 0 or bv.strides[-3] != 0: raise Unsupported("the dot product is not q . k")
+  if any(x.arg.number not in args for x in (a, b, vb)):   # (the lowered kernel dropped what its value does not need)
+    raise Unsupported("the scores do not depend on q . k (a mask fills every score)")
   dk = av.shape[-1]   # the dot product's length (the values' head dimension d may differ)
   w = lanes(d)
   nb = math.prod(batch)

@@ -60,11 +60,14 @@ def value_tensor(target, value, shape: tuple[int, ...], what: str):
 # base's table has doubled since the last pruning (and bases that are gone, once the index has).
 
 class _Entry:
-  __slots__ = ("base", "view", "key")
+  __slots__ = ("base", "view", "key", "root")
   def __init__(self, base, view: View, key: int):
     self.base = base    # a Buffer (the view is of memory), or a weakref to the lazy tensor the view was taken from
     self.view = view    # where the tensor's elements are in the base's memory, or in its contiguous layout
     self.key = key      # id of the base when registered (the index below)
+    # the lazy tensor itself, kept alive by its views: two views of one (y = (a @ b).reshape(6); z = y[::-1]) share its
+    # memory once it is realized, as numpy's do, though the caller dropped it (its graph lives in theirs anyway)
+    self.root = base() if base.__class__ is weakref.ref else None
 
   def base_is(self, base) -> bool: return (self.base() if self.base.__class__ is weakref.ref else self.base) is base
 
