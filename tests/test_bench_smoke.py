@@ -67,3 +67,10 @@ def test_train_kernels_bench_splits_a_tiny_step_by_thread_count_and_phase():
   phases = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()
             if line.split()[:1] in (["forward"], ["backward"], ["optimizer"])}
   assert set(phases) == {"forward", "backward", "optimizer"} and all(ms > 0 for ms in phases.values()), out
+
+
+def test_gpt_ops_bench_sets_each_step_beside_torch():
+  out = bench("gpt_ops.py", "--only", "proj,layernorm", "--copies", "1", "--rounds", "1")
+  rows = {l.split()[0]: l.split() for l in out.splitlines()[2:]}
+  assert set(rows) == {"proj", "layernorm"}, out
+  assert float(rows["proj"][1]) > 0 and "upcast" in " ".join(rows["proj"]), out   # graft's time, its register tile
