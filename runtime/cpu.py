@@ -63,19 +63,11 @@ OPTIONAL_CFLAGS = ("-mno-avx512fp16",)
 # ASAN_OPTIONS=detect_leaks=0 (python itself leaks by ASan's count); `python3 bench/fuzz.py --sanitize` does it.
 SANITIZE_CFLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                    "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno")
-# Threads that finish a parallel loop spin a short while (SPIN_COUNT rounds of libgomp's wait loop, about 0.2-0.3 ms
-# here) and then sleep until the next loop (libgomp reads both when the first kernel library loads; a user who sets
-# OMP_WAIT_POLICY or GOMP_SPINCOUNT decides alone). Sleeping at once (passive, SPIN 0) was the rule before: with
-# libgomp's own spin (300000 rounds, ~4 ms) a thread spun on a core that another process needed, and every parallel
-# loop waited for the slowest (attention, 5 parallel kernels, 3x slower on 2 threads than on 1 beside other jobs, a
-# 2-core EPYC). But a thread that sleeps at once leaves its CPU idle between two kernels of one program, and in a
-# virtual machine (this one: KVM, no guest halt-polling) an idle CPU halts: waking it goes through the host, once per
-# parallel loop, and once more for the thread left waiting at the loop's end. A jitted GPT forward issues its next
-# kernel within tens of microseconds, and a loop's last chunk (a block of a product's columns) takes up to ~0.2 ms,
-# so a spin that long keeps both CPUs awake through a program and costs a loaded machine at most that per loop.
-SPIN_COUNT = 20000
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-  os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"] = "passive", str(SPIN_COUNT)
+# threads that finish a parallel loop sleep until the next one instead of spinning (libgomp reads this when the first
+# kernel library loads; a user's setting wins): on a machine whose cores other processes also use, a spinning
+# thread takes the core from the thread that still has work, and every parallel loop waits for the slowest
+# (attention, 5 parallel kernels, ran 3x slower on 2 threads than on 1 beside other jobs on a 2-core EPYC)
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # from <sys/mman.h> on Linux
 ALIGN = 64          # a cache line, and the widest vector load (AVX-512)

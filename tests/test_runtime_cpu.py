@@ -267,9 +267,9 @@ def omp_settings(**env: str) -> dict[str, str]:
   return {k: v.strip("'") for k, v in lines}
 
 
-def test_threads_spin_a_short_while_then_sleep_unless_the_user_says_otherwise():
-  from runtime.cpu import SPIN_COUNT
-  assert omp_settings() == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
-  assert omp_settings(GOMP_SPINCOUNT="0")["GOMP_SPINCOUNT"] == "0"          # sleep at once, as before
+def test_threads_sleep_between_parallel_loops_unless_the_user_asks_them_to_spin():
+  # passive: a thread that finishes a loop sleeps at once (libgomp's default spins ~4 ms); a user's GOMP_SPINCOUNT
+  # still reaches libgomp beside it (a short spin before the sleep: the experiment docs/design.md describes)
+  assert omp_settings()["OMP_WAIT_POLICY"] == "PASSIVE"
+  assert omp_settings(GOMP_SPINCOUNT="20000") == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}
   assert omp_settings(OMP_WAIT_POLICY="active")["OMP_WAIT_POLICY"] == "ACTIVE"
-  assert omp_settings(OMP_WAIT_POLICY="active")["GOMP_SPINCOUNT"] != str(SPIN_COUNT)
