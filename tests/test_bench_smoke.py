@@ -74,3 +74,15 @@ def test_gpt_ops_bench_sets_each_step_beside_torch():
   rows = {l.split()[0]: l.split() for l in out.splitlines()[2:]}
   assert set(rows) == {"proj", "layernorm"}, out
   assert float(rows["proj"][1]) > 0 and "upcast" in " ".join(rows["proj"]), out   # graft's time, its register tile
+
+
+def test_nvcc_time_bench_times_each_kernel_both_ways():
+  import pytest
+  from runtime import cuda
+  from runtime.device import CompileError
+  try: cuda.find_nvcc()
+  except CompileError: pytest.skip("nvcc not found")
+  lines = bench("nvcc_time.py", "--only", "softmax", "--repeats", "1", "--quick").splitlines()
+  rows = [l.split() for l in lines[1:] if not l.split()[1] == "max"]
+  assert rows and {r[4] for r in rows} == {"device", "headers"} and all(float(x) > 0 for r in rows for x in r[6:])
+  assert lines[-1].split()[1] == "max" and "device" in lines[-1] and "headers" in lines[-1]
