@@ -12,8 +12,10 @@ How each figure is taken (WORKLOADS.md):
     Graft gets an empty GRAFT_CACHE_DIR there, torch.compile an empty TORCHINDUCTOR_CACHE_DIR.
   - cold: wall time of that process's first call (graph build, scheduling, codegen, compile, run); the inputs
     already sit on the device, and imports are not counted.
-  - warm: median of 20 calls after 3 warm-ups in the same process. Graft rebuilds its graph every call (its kernel
-    cache may hit); a Graft call ends with the device synchronized. torch on a GPU is timed with CUDA events.
+  - warm: median of 20 calls after 3 warm-ups (and at least WARM_SECONDS of calls) in the same process. Graft rebuilds its graph every call (its kernel
+    cache may hit). On a GPU every framework's call is timed alike: the wall clock from the call to the device
+    synchronized after it. (torch was timed with CUDA events before: they leave out the host's return from the
+    synchronize, which Graft's clock counted: 4-13 us of a 0.3-0.6 ms call on an H200)
   - rate: GB/s over the bytes read and written once each, or GFLOP/s, or plain ms, as the table of WORKLOADS.md
     says; from the warm median.
   - ok: Graft's result of its first warm-up call, against numpy in float64 on the same float32 inputs (the largest
@@ -26,7 +28,7 @@ activations stay of order 1. A workload that crashes or computes a wrong result 
 below the table.
 """
 from __future__ import annotations
-import argparse, math, os, shutil, statistics, sys, tempfile, time
+import argparse, itertools, math, os, shutil, statistics, sys, tempfile, time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -225,20 +227,13 @@ def torch_runner(w: Workload, arrays, device: str, compiled: bool = False):
     torch.backends.cudnn.allow_tf32 = False
   ts = [torch.from_numpy(a).to(tdev) for a in arrays]
   fn = torch.compile(w.torch) if compiled else w.torch
-  if tdev == "cpu":
-    def run():
-      t0 = time.perf_counter()
-      out = fn(*ts)
-      return out, time.perf_counter() - t0
-    return run
-  def run_cuda():
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+  sync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
+  def run():   # as Graft's call is timed: from the call to the device synchronized after it
+    t0 = time.perf_counter()
     out = fn(*ts)
-    end.record()
-    end.synchronize()
-    return out, start.elapsed_time(end) / 1e3
-  return run_cuda
+    sync()
+    return out, time.perf_counter() - t0
+  return run
 
 
 FRAMEWORKS: dict[str, Callable] = {
@@ -267,6 +262,13 @@ def peers_for(device: str) -> list[str]:
 
 # ---- one measurement, in a fresh process ----
 
+# Every framework calls for this long before its calls are timed. Why (a guess, not yet checked on a GPU): a GPU left
+# idle through a compile clocks down and needs some ms of work to clock up, and torch.compile's first call may run
+# autotuning on the GPU just before its timed calls where Graft's runs none. Seen on H100s (2026-11-26): Graft's
+# softmax 16384^2 took 0.996 ms a call here after 3 warm-ups, 0.795 ms in bench/call_time.py after 100 calls
+# (another machine, one commit earlier); torch.compile's 0.774 and 0.762 ms.
+WARM_SECONDS = 0.25
+
 def worker(wid: str, framework: str, device: str, quick: bool, warmups: int, repeats: int, out_path: str) -> dict:
   """Cold, then warm, for one workload in one framework; the first warm-up's result is saved to out_path."""
   w = WORKLOADS[wid]
@@ -276,7 +278,10 @@ def worker(wid: str, framework: str, device: str, quick: bool, warmups: int, rep
   out, _ = run()
   np.save(out_path, to_numpy(out))
   del out
-  for _ in range(warmups - 1): run()
+  t0 = time.perf_counter()
+  for i in itertools.count():   # warm-ups: `warmups` calls, and calls for WARM_SECONDS at least (below)
+    if i >= warmups - 1 and time.perf_counter() - t0 >= WARM_SECONDS: break
+    run()
   times = [run()[1] for _ in range(repeats)]
   return {"cold": cold, "warm": statistics.median(times), "times": times}
 

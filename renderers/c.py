@@ -184,6 +184,17 @@ def _vector_select(ctx: RenderContext, x: UOp) -> str | None:
   return f"(({t})((({m}){a}&{c})|(({m}){b}&~{c})))"
 
 
+def _integer_select_of_zero(ctx: RenderContext, x: UOp) -> str | None:
+  """`c ? a : 0` of integers (an index clamped where a view's mask is off, rules/lower.py) as the product `a*c`, for the
+  reason of cstyle's `gated_read`: gcc 12.2 -O3 threads the select's branch back onto the load that the index feeds
+  and makes the loads of an unrolled pair of them one interleaved group of masked vector loads, whose masks it gets
+  wrong (`x.cast(int16).pad(((2, 1), (0, 0)))` of a (7, 2) tensor read zeros: found by bench/fuzz.py). A product has
+  no branch to thread; the same value, as c is 0 or 1."""
+  c, a, b = x.src
+  if x.dtype.count != 1 or not x.dtype.is_int or b.op is not Ops.CONST or b.arg != 0: return None
+  return f"({ctx[a]}*{ctx[c]})"
+
+
 def _vector_accumulator(ctx: RenderContext, red: UOp) -> str | None:
   if red.dtype.count == 1 or red.arg is Ops.NOOP: return None   # a carried accumulator: renderers/cstyle.py
   if red.arg is not Ops.ADD: raise TypeError(f"no vector accumulator of {red.arg}")
@@ -201,6 +212,7 @@ c_rules = PatternMatcher([
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, src=(UPat(Ops.DEFINE_LOCAL, name="b"), UPat.var("i"))), UPat.var("val"))),
    lambda ctx, b, i, val: f"{ctx[b]}[{ctx[i]}] = {ctx[val]};" if val.dtype.count == 1 else None, "render_local_fill"),
   (UPat(Ops.VECTORIZE, name="v"), _vector_literal),
+  (UPat(Ops.WHERE, name="x"), _integer_select_of_zero),
   (UPat(Ops.WHERE, name="x"), _vector_select),
   (UPat(Ops.RECIP, name="x"), lambda ctx, x: f"(1.0f/{ctx[x.src[0]]})" if x.dtype.count > 1 else None, "render_vector_recip"),
   (UPat(Ops.GEP, name="g"), lambda ctx, g: f"({ctx[g.src[0]]}[{ctx[g.src[1]]}])", "render_gep"),

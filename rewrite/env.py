@@ -24,3 +24,23 @@ def env_number(name: str, default: float, meaning: str, minimum: float = 0, kind
     raise ValueError(f"{name}={value!r}: set it to {meaning}, a{'n integer' if kind is int else ' number'} >= {minimum} "
                      f"(default {default}), or unset it")
   return number
+
+
+class EnvTexts:
+  """The raw text of a few variables, read on every call of a hot path (a warm realize keys its program by its
+  switches): `EnvTexts("A", "B")()` is a tuple of each one's value, None where unset, as os.environ holds it (bytes on
+  POSIX: for comparing, not for parsing). os.environ.get costs a raised and caught KeyError for each unset name;
+  the table behind os.environ (CPython's `_data`, which every change through os.environ updates) answers a plain
+  lookup."""
+  __slots__ = ("names", "keys")
+
+  def __init__(self, *names: str):
+    self.names = names
+    encode = getattr(os.environ, "encodekey", None)
+    self.keys = tuple(map(encode, names)) if encode is not None else None
+
+  def __call__(self) -> tuple:
+    try: get = os.environ._data.get   # type: ignore[attr-defined]
+    except AttributeError: get = None  # os.environ replaced by a plain mapping
+    if get is None or self.keys is None: return tuple(map(os.environ.get, self.names))
+    return tuple(map(get, self.keys))

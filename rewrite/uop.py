@@ -20,7 +20,10 @@ def _arg_key(arg):
 class _UOpFields:
   # The fields are set on an instance of this mutable base, then the instance becomes a UOp by a __class__ switch:
   # that is three times cheaper than object.__setattr__ on an immutable class, and UOp construction is a hot path.
-  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "__weakref__")
+  # _topo and _bounds cache walks of the graph under a node; _made, where set, is (maker, inputs): the node is what
+  # replaying a recorded composite `maker` over the nodes `inputs` builds (tensor/recorded.py), so a program's key
+  # may name it by them instead of walking everything between (runtime/realize.py graph_key)
+  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "_made", "__weakref__")
 
 
 _cache: dict[tuple, weakref.ReferenceType] = {}

@@ -238,7 +238,9 @@ def _contraction_grad(ctx: UOp, node: UOp, m: UOp):
   if m.op is Ops.MUL:
     x, y = m.src
     if x is y: return None
-    return {x: g * _stored_view(y), y: g * _stored_view(x)}
+    # an operand computed from a product (a GELU's input) stores that product, as `kept` does for the GELU's own
+    # gradient: one buffer of it, which the operand's kernel reads, not a second product computed inline
+    return {x: g * _stored_view(kept(y)), y: g * _stored_view(kept(x))}
   c, x, zero = m.src   # WHERE(c, x, 0): the one-hot pick; its gradient is the one-hot (stored as 0/1) times g
   if not (zero.op is Ops.VIEW and zero.src[0].op is Ops.CONST and zero.src[0].arg == 0): return None
   if not (x.op is Ops.VIEW and expands(x.arg)):

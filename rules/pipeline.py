@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import detach_rules, share_rules, ShareContext, realize_rules, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import detach_rules, stored_read_rules, share_rules, ShareContext, realize_rules, reuse_rules, ReuseContext, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -159,8 +159,10 @@ class Pipeline:
 pipeline = Pipeline([
   # softmax(scores) @ values becomes one node of an online softmax, before anything decides buffers (rules/attention.py)
   Stage("attention", detach_rules + attention_rules, "graph", _attention_ctx),
+  Stage("stored_reads", stored_read_rules, "graph"),
   Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext(), prepare=RealizeContext.index_stored),
+  Stage("reuse", reuse_rules, "graph", lambda run: ReuseContext()),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, prepare=FuseContext.index_schedule),

@@ -14,6 +14,13 @@ for a product (`_mul_sum`) is stored as its halves from under its views (`store`
 the product keeps the form tensor cores take. Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
+Stage `stored_reads` (rule set `stored_read_rules`, before `share`) reads each value the graph stores already
+(`contiguous()`: a user's, the gradient's) from its buffer wherever else it is computed inline.
+
+Stage `reuse` (rule set `reuse_rules`, ctx: `ReuseContext`, after `realize`) makes one CONTIGUOUS of each stored value
+(the gradient's and a realize rule's of one node) and reads each stored reduction from its buffer wherever it is
+computed inline: no value is stored twice, none recomputed where its buffer exists.
+
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
 `VIEW(BUFFER)` of a new buffer and records the kernel `KERNEL(STORE(VIEW(BUFFER), x))` that fills it, and each
 `COPY` by a new buffer and a copy record. The order of the records means nothing: the schedule runs the kernels in
@@ -94,7 +101,7 @@ def holds_reduction(u: UOp, memo: dict[UOp, bool], stored: Callable[[UOp], bool]
 
 
 def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:
-  """x into a buffer, for a reason; the calling rule is named in the reason. A reduction decided before (each of its
+  """x into a buffer, for a reason; the calling rule is named in the reason. A value decided before (each of its
   readers may ask), or a value the graph stores already, is that buffer: one buffer, and its graph is not walked again.
   An output (`device` given) gets a buffer of its own on that device."""
   if device is None and (done := ctx.stored.get(x)) is not None: return done
@@ -104,7 +111,7 @@ def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> 
   rule = frame.f_code
   out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
             Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
-  if x.op is Ops.REDUCE_AXIS: ctx.stored[x] = out
+  if device is None: ctx.stored[x] = out   # (asked again, by another reader or a stored copy of the graph: that buffer)
   return out
 
 
@@ -117,13 +124,32 @@ def read_realized_reductions(ctx: RealizeContext, x: UOp) -> UOp:
 
 
 def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
+  # a value the program stores already (contiguous(): a user's, the gradient's, read as it is or reshaped) is the
+  # output: its buffer is returned, and every reader inside reads it there (no second buffer, no copy kernel; a
+  # parameter's gradient is written by its product)
+  # (a value output twice, a gradient and the momentum buffer it starts, is left as it was: two buffers, not one)
+  stored = [s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None for s in sink.src]
+  once = {c for c in stored if c is not None and c.arg is None and stored.count(c) == 1}
+  swap: dict[UOp, UOp] = {}
   def output(s: UOp, device: str) -> UOp:
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
+    if (c := s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None) in once:
+      out = UOp(Ops.CONTIGUOUS, s.dtype, (c.src[0] if s is c else s.replace(src=c.src),),
+                Realized(device, "contiguous() in the program, an output of this realize"))
+      swap[c] = out if s is c else UOp(Ops.VIEW, c.dtype, (out,), View.contiguous(shape_of(c)))   # read back as stored
+      return out
     # a user's contiguous() that is an output still lives on the output's device
     if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize"))
     return decide(ctx, s, "an output of this realize", device)
   srcs = tuple(output(s, sink.arg[i]) for i, s in enumerate(sink.src))
-  return None if srcs == sink.src else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
+  if srcs == sink.src: return None
+  return substitute(UOp(Ops.SINK, sink.dtype, srcs, sink.arg), swap) if swap else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
+
+
+def _reshapes_store(v: UOp) -> bool:
+  """v only reshapes what a CONTIGUOUS stores."""
+  return (v.op is Ops.VIEW and v.src[0].op is Ops.CONTIGUOUS and v.arg.is_contiguous
+          and v.arg.size == math.prod(shape_of(v.src[0])))
 
 
 def widened_half(x: UOp) -> bool:
@@ -199,6 +225,16 @@ def _unrealized(u: UOp) -> list[UOp]:
   return out
 
 
+def _one_buffer_per_value(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
+  # the graph's own contiguous() (the gradient keeps a forward reduction it reads) and a buffer this stage decides for
+  # the same value meet once the sources under both are rewritten alike (an operand stored under a product): the
+  # value indexed before the rewrite (`index_stored`) is not the one the other asks for, so each is indexed again as
+  # it is reached, and the second of them is the first: one buffer, not one kernel storing a value twice
+  if c.arg is not None or is_buffer_view(x): return None
+  first = ctx.stored.setdefault(x, c)
+  return first if first is not c else None
+
+
 def _realize_copy_source(ctx: RealizeContext, c: UOp, x: UOp) -> UOp | None:
   if is_buffer_view(x) or x.op is Ops.CONTIGUOUS: return None
   return c.replace(src=(decide(ctx, x, "the source of a copy between devices", c.arg[0]),))
@@ -216,6 +252,8 @@ realize_rules = PatternMatcher([
   # contiguous() of what already is a whole buffer in order is that buffer
   (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
+  # a value stored by the graph and by this stage is one buffer
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(name="x"),)), _one_buffer_per_value),
   # a reduction read through an expand is computed once, into a buffer
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),
   # and so is a reduction that feeds another
@@ -225,6 +263,99 @@ realize_rules = PatternMatcher([
   # a copy between devices reads a buffer
   (UPat(Ops.COPY, name="c", src=(UPat(name="x"),)), _realize_copy_source),
 ], name="realize")
+
+
+# ---- reuse: one buffer per stored value, and a stored reduction is read from it wherever it is computed ----
+@dataclass
+class ReuseContext:
+  """The reuse stage's context: each value a CONTIGUOUS stores (not an output's or a copy's) -> that CONTIGUOUS."""
+  stored: dict[UOp, UOp] = field(default_factory=dict)
+
+
+def _is_output(c: UOp) -> bool: return c.arg is not None and c.arg.device is not None
+
+
+def one_buffer_per_value(ctx: ReuseContext, c: UOp) -> UOp | None:
+  """A value stored for two reasons is one buffer: the gradient stores a forward product its backward reads, the
+  realize stage the same product (a reduction another reads) once the operands inside it are stored too: a node of
+  another identity until then, equal now that its sources are (bottom-up). Two buffers were filled by one kernel of
+  two stores, which no product tile plan of the GPU takes. An output keeps a buffer of its own."""
+  if _is_output(c): return None
+  kept = ctx.stored.setdefault(c.src[0], c)
+  return kept if kept is not c else None
+
+
+def read_from_stores(sink: UOp, store_of: Callable[[UOp], UOp | None]) -> UOp | None:
+  """sink with every value that `store_of` says a CONTIGUOUS stores read from that buffer wherever it is computed
+  inline, inside another store too; a second store of it is the first. Sources first, so a value over a stored one
+  reads that one's buffer; two values that are equal once rewritten (a mean of x stored, another of x computed inline,
+  which reads x's buffer now) are one store. An equality found after the walk passed the other reader is caught by
+  the next walk, which starts from the stores found: a walk that makes no new one is the answer (two or three)."""
+  made: dict[UOp, UOp] = {}   # a stored value as rewritten -> its store
+  for _ in range(8):
+    new: dict[UOp, UOp] = {}
+    stores = set(made.values())
+    grew = False
+    for n in sink.toposort:
+      if n.op is Ops.CONTIGUOUS and (s := new.get(n.src[0])) is not None and s in stores:
+        new[n] = s   # the store itself (or another store of the same value)
+        continue
+      moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
+      if (done := made.get(moved)) is not None: new[n] = done
+      elif (store := store_of(n)) is not None:   # its readers read the buffer
+        new[n] = made[moved] = store.replace(src=(moved,))
+        stores.add(new[n]); grew = True
+      elif moved is not n: new[n] = moved
+    if not grew: break
+  out = new.get(sink, sink)
+  return None if out is sink else out
+
+
+def read_stored_reductions(ctx: ReuseContext, sink: UOp) -> UOp | None:
+  """Each reduction a CONTIGUOUS stores is read from that buffer by every value that computes it inline, a store of
+  another reduction included (attention's scores over q + bias: the qkv product once). The realize stage looks stored
+  values up as it rewrites, so it misses one whose operands it stored after (the qkv product: stored raw by the
+  gradient, and computed again into q + bias once the layer norm before it was stored); here, the root visited last,
+  the graph is final. A reduction that is an output too is read from the output's buffer."""
+  outputs = {n.src[0]: n for n in sink.toposort if n.op is Ops.CONTIGUOUS and _is_output(n)}
+  return read_from_stores(sink, lambda n: outputs.get(n, ctx.stored.get(n)) if n.op is Ops.REDUCE_AXIS else None)
+
+
+reuse_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c"), one_buffer_per_value),
+  (UPat(Ops.SINK, name="sink"), read_stored_reductions),
+], name="reuse")
+
+
+# ---- stored_reads: a value the program stores is read from its buffer ----
+def store_the_reshaped_value(c: UOp) -> UOp | None:
+  """A reshape stored (the gradient of a product, at the product's shape with its summed axis) stores the value itself,
+  read through the reshape: the buffer is the value's, which its other readers read (`read_graph_stores`)."""
+  if c.arg is not None or not _is_reshape(v := c.src[0]): return None
+  return UOp(Ops.VIEW, c.dtype, (UOp(Ops.CONTIGUOUS, c.dtype, (v.src[0],)),), View.contiguous(shape_of(c)))
+
+
+def _is_reshape(v: UOp) -> bool:
+  """v is a VIEW that only reshapes a computed value (not a buffer's or a constant's)."""
+  return (v.op is Ops.VIEW and v.src[0].op not in (Ops.BUFFER, Ops.CONST, Ops.VIEW) and v.arg.is_contiguous
+          and v.arg.size == math.prod(shape_of(v.src[0])))
+
+
+def read_graph_stores(sink: UOp) -> UOp | None:
+  """Each value the graph stores already (`contiguous()` of it: a user's, or the gradient's, which stores the incoming
+  gradient of a product) is read from that buffer wherever else it is computed inline. A linear layer's backward
+  stores d(pre-activation) for its two products, and its bias gradient summed the same value recomputed from the
+  GELU's derivative; read at two depths, every step of that derivative was then stored by the share stage, a chain
+  of a dozen elementwise kernels per layer."""
+  stores = {n.src[0]: n for n in sink.toposort
+            if n.op is Ops.CONTIGUOUS and n.arg is None and not is_buffer_view(n.src[0]) and n.src[0].op is not Ops.CONST}
+  return read_from_stores(sink, stores.get) if stores else None
+
+
+stored_read_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value),
+  (UPat(Ops.SINK, name="sink"), read_graph_stores),
+], name="stored_reads")
 
 
 # ---- share: a value read by kernels of several depths is stored once ----

@@ -54,6 +54,16 @@ class Buffer:
     self._allocator = None
     self.successor: Buffer | None = None   # set by split_version: the Buffer that owns this one's memory since
 
+  @classmethod
+  def allocated_now(cls, device: str, size: int, dtype: DType) -> Buffer:
+    """A Buffer whose memory is allocated now, of a kind checked before (a program's output, made on every run:
+    runtime/program.py), without checking its arguments again."""
+    b = object.__new__(cls)
+    b.device, b.size, b.dtype, b.successor = device, size, dtype, None
+    b._allocator = get_device(device).allocator
+    b._handle = b._allocator.alloc(size * dtype.itemsize)
+    return b
+
   @property
   def nbytes(self) -> int: return self.size * self.dtype.itemsize
 
@@ -130,3 +140,19 @@ class Buffer:
     where = f"at {self._handle:#x}" if isinstance(self._handle, int) else \
       "unallocated" if self._handle is None else f"at {self._handle!r}"
     return f"<Buffer {self.device} {self.dtype.name}[{self.size}] {where}>"
+
+
+class LostBuffer(Buffer):
+  """The memory of a tensor whose value a failed realize was computing and whose graph it had let go (an optimizer's
+  step realizes the gradients and the loss with the updates: tensor/assign.py `write_many`): no value, and every use
+  (reading it, a program reading it) says so, instead of failing somewhere inside."""
+  __slots__ = ("why",)
+
+  def __init__(self, device: str, size: int, dtype: DType, why: str):
+    super().__init__(device, size, dtype)
+    self.why = why
+
+  @property
+  def handle(self):
+    raise RuntimeError(f"this {self.dtype.name}[{self.size}] tensor has no value: the realize computing it failed "
+                       f"({self.why}); compute it again (call backward() again for a gradient)")

@@ -336,11 +336,12 @@ def _check_dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, 
 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
-  __slots__ = ("name", "device", "function", "params", "pointer_types", "path", "shared")
+  __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared")
 
   def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0):
     self.name, self.device, self.function, self.params, self.path = name, device, function, params, path
     self.pointer_types = [_ffi.typeof(f"{t} *") for t in params]   # each launch stores its arguments as these
+    self.param_array = _ffi.typeof("void *[]")                        # and points at them from one of these
     self.shared = shared   # bytes of dynamic shared memory each launch gets
     if shared > _STATIC_SHARED_LIMIT:
       check("cuFuncSetAttribute", _lib.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
@@ -378,15 +379,18 @@ class CUDAProgram:
     and the values it points at (keep them alive until the launch, or the graph node, has read them)."""
     if len(args) != len(self.params):
       raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
-    values = []
+    try: values = list(map(_ffi.new, self.pointer_types, args))   # (every launch of a warm call comes here)
+    except (TypeError, OverflowError): self._refuse(args)
+    return _ffi.new(self.param_array, values or 1), values
+
+  def _refuse(self, args: Sequence[int | float]) -> None:
+    """Raise the TypeError that names the first argument its parameter's C type cannot take."""
     for i, (t, a) in enumerate(zip(self.pointer_types, args)):
-      try: values.append(_ffi.new(t, a))
+      try: _ffi.new(t, a)
       except (TypeError, OverflowError) as e:
         kind = "a pointer: pass a device pointer (an int)" if self.params[i] == "CUdeviceptr" else f"of C type {self.params[i]}"
         raise TypeError(f"kernel {self.name} (in {self.path}) argument {i} is {kind}; cannot pass {a!r}: {e}") from None
-    params = _ffi.new("void *[]", max(len(values), 1))
-    for i, v in enumerate(values): params[i] = v
-    return params, values
+    raise TypeError(f"kernel {self.name} (in {self.path}): cannot pass {list(args)!r} as {self.params}")
 
   def _launch(self, grid: tuple[int, int, int], block: tuple[int, int, int], params: Any) -> None:
     code = _lib.cuLaunchKernel(self.function, *grid, *block, self.shared, _ffi.NULL, params, _ffi.NULL)
@@ -459,6 +463,7 @@ class CUDADevice(Device):
   """GPU 0 through its primary context. Creating it loads the driver (CUDAUnavailable without one)."""
   name = "CUDA"
   renderer_module = "renderers.cuda"
+  compilers = max(1, min(8, os.cpu_count() or 1))   # nvcc processes at once (Device.compilers)
 
   def __init__(self, ordinal: int = 0):
     lib = driver()

@@ -132,6 +132,10 @@ class Device:
   # the module of renderers/ whose module-level `renderer` renders for this device; imported on first use so that
   # the runtime can run hand-written kernels before (or without) the renderers
   renderer_module: str
+  # how many compiler processes may build one realize's new kernels side by side (runtime/realize.py `_build`): one
+  # source for all of them where a call's fixed cost is small (cc); a GPU's compiler spends ~0.3 s of every call on
+  # its own headers and a large kernel takes it ~0.5 s more, so there the slowest group of kernels sets the wait
+  compilers: int = 1
 
   @property
   def renderer(self) -> Any:

@@ -18,7 +18,7 @@ from rewrite import UOp, Ops, viz
 from rules.host import Extern, nbytes
 from rules.realize import NewBuffer
 from .buffer import Buffer, human_bytes
-from .device import get_device
+from .device import canonical_name, get_device
 from . import extern, pick
 
 
@@ -38,7 +38,7 @@ class Program:
       if not isinstance(b.arg, NewBuffer):
         if b not in param_of: raise ValueError(f"host program reads {b.arg!r}, which is not one of its parameters")
         kind, entry = "in", ("param", param_of[b], b.dtype, b.arg.size, b.arg.device)
-      elif b in returned: kind, entry = "out", ("new", b.arg.device, b.arg.size, b.dtype)
+      elif b in returned: kind, entry = "out", ("new", canonical_name(b.arg.device), b.arg.size, b.dtype)
       else: kind, entry = "t", ("temp", None)
       index[b] = len(names)
       names.append(f"{kind}{counts[kind]}"); counts[kind] += 1
@@ -132,23 +132,46 @@ class Program:
     sum is the device's share of a run (benchmarks tell host time from kernel time by it)."""
     buffers, handles = self.bind(inputs)
     storage: list = [None] * len(self.storages)
+    done = 0   # steps run to their end
     try:
       if step_seconds is None:
-        for step in self.steps: self._step(step, handles, storage, debug)
+        for step in self.steps: self._step(step, handles, storage, debug); done += 1
       else:
         devices = [get_device(d) for d in sorted(self.devices)]
         for step in self.steps:
           for d in devices: d.synchronize()
           if step[0] == "call":   # the device's own clock: no launch overhead of the host's in a kernel's time
-            step_seconds.append(_launch(step[1], [handles[i] for i in step[2]], wait=True) or 0.0); continue
+            step_seconds.append(_launch(step[1], [handles[i] for i in step[2]], wait=True) or 0.0); done += 1; continue
           t0 = time.perf_counter()
           self._step(step, handles, storage, debug)
           for d in devices: d.synchronize()
-          step_seconds.append(time.perf_counter() - t0)
+          step_seconds.append(time.perf_counter() - t0); done += 1
+    except BaseException as e:
+      # which of the memory it was given the run had written (in place: a parameter, an optimizer's state), for the
+      # caller to say which of its tensors hold new values and which old ones
+      ran = {self.table[i][1] for s in self.steps[:done] for i in self.step_buffers(s)[0] if self.table[i][0] == "param"}
+      e.written_inputs = [inputs[j] for j in sorted(ran)]
+      raise
     finally:
       for s, h in enumerate(storage):  # after a failure, what is still held goes back too
         if h is not None: get_device(self.storages[s][0]).allocator.free(h, self.storages[s][1])
     return self.results(buffers)
+
+  @staticmethod
+  def step_buffers(step: tuple) -> tuple[set[int], set[int]]:
+    """(table entries written, entries read) of one step (a pick's: the option it took, else its first)."""
+    if step[0] in ("alloc", "free"): return set(), set()
+    if step[0] == "copy": return {step[1]}, {step[2]}
+    calls = [(step[1], step[2])] if step[0] == "call" else \
+            [(step[3], [step[4][i] for i in step[3].args])] if step[0] == "extern" else (step[2][1] or step[1][0][1])
+    written, read = set(), set()
+    for ck, idx in calls:
+      ck = getattr(ck, "kernel", ck)
+      if len(idx) != len(ck.args):   # a library call: its operands, the output first
+        written.add(idx[0]); read |= set(idx[1:]); continue
+      stored = {n.arg for u in ck.linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL}
+      for slot, i in zip(ck.args, idx): (written if slot in stored else read).add(i)
+    return written, read
 
   def bind(self, inputs: list) -> tuple[list, list]:
     """Per table entry, the Buffer of a run (the input for a parameter, a new one for a returned buffer, None for an
@@ -157,7 +180,7 @@ class Program:
     handles: list = [None] * len(self.table)
     for i, e in enumerate(self.table):
       if e[0] == "param": buffers[i] = inputs[e[1]]; handles[i] = buffers[i].handle
-      elif e[0] == "new": buffers[i] = Buffer(e[1], e[2], e[3]); handles[i] = buffers[i].handle
+      elif e[0] == "new": buffers[i] = b = Buffer.allocated_now(e[1], e[2], e[3]); handles[i] = b._handle
     return buffers, handles
 
   def results(self, buffers: list) -> list[UOp]:
@@ -166,7 +189,10 @@ class Program:
 
   def _step(self, step: tuple, handles: list, storage: list, debug: int) -> None:
     kind = step[0]
-    if kind == "alloc":
+    if kind == "call":   # (the common step first)
+      _, ck, idx = step
+      _run_kernel(ck, [handles[i] for i in idx], debug)
+    elif kind == "alloc":
       _, i, s, device, size = step
       if storage[s] is None: storage[s] = get_device(device).allocator.alloc(size)
       handles[i] = storage[s]
@@ -181,9 +207,6 @@ class Program:
       get_device(src_dev).allocator.copyout(memoryview(tmp), handles[src])
       get_device(dst_dev).allocator.copyin(handles[dst], memoryview(tmp))
       if debug >= 2: print(f"  copy {src_dev} -> {dst_dev}  {size / 1e6:.1f} MB  {(time.perf_counter() - t0) * 1e3:.3f} ms")
-    elif kind == "call":
-      _, ck, idx = step
-      _run_kernel(ck, [handles[i] for i in idx], debug)
     elif kind == "pick":
       _, options, choice = step
       if choice[0] is None:

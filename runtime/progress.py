@@ -7,13 +7,17 @@ give a bar, which work of unknown length (a search ends when a round finds nothi
 """
 from __future__ import annotations
 import shutil, sys, time
-from rewrite.env import env_number
+from rewrite.env import env_number, EnvTexts
 
 DELAY, EVERY = 0.5, 0.1   # seconds before the live line appears, and between redraws
 
 
+_DEBUG = EnvTexts("DEBUG")
+
+
 def debug_level() -> int:
   """DEBUG: 1 prints a line per realize, 2 the host program and a line per step, 3 the kernels' source too."""
+  if not _DEBUG()[0]: return 0   # unset or empty: the common case, read on every realize
   return env_number("DEBUG", 0, "a debug level (1: realizes, 2: and the host program, 3: and the kernels' source)")
 
 

@@ -14,10 +14,12 @@ published under `_lock`; the pipeline, rendering and compiling run outside it, c
 DEBUG=1 prints one line per realize, DEBUG=2 the host program and one line per step, DEBUG=3 the generated source too.
 """
 from __future__ import annotations
-import contextlib, hashlib, math, os, threading, time
+import contextlib, hashlib, math, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 from dataclasses import dataclass
 from rewrite import UOp, Ops, stats, substitute, viz
+from rewrite.env import EnvTexts
 
 from rules.pipeline import schedule, Run, pipeline
 from rules.realize import NewBuffer, buffers_written, read_before_written
@@ -121,26 +123,30 @@ Target = tuple[UOp, View]  # an assignment: the existing BUFFER an output is wri
 
 def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tuple[tuple, list[UOp]]:
   """(key, parameters) of the graphs `uops` written into `targets`: the key is the graphs' nodes sources first, each
-  as (op, dtype, arg, the places of its sources), an existing BUFFER as ("param", dtype, size, device); the
-  parameters are those BUFFERs, in that order (the targets' last). Exact: two graphs share a key only when one is
-  the other with its existing buffers renamed, aliasing included (a + a is not a + b). One pass over the graph."""
+  as (op, dtype, arg, the places of its sources), an existing BUFFER as ("param", dtype, size, device), a node a
+  recorded composite made (UOp._made) as ("composite", dtype, its record, the places of its stand-ins), the nodes
+  between not walked; the parameters are those BUFFERs, in that order (the targets' last). Exact: two graphs share a
+  key only when one is the other with its existing buffers renamed, aliasing included (a + a is not a + b): a record
+  replayed over stand-ins of one structure builds one structure. One pass over the graph."""
   place: dict[UOp, int] = {}
   parts: list[tuple] = []
   params: list[UOp] = []
   # its own walk, sources first in the order of `toposort` (the same key whether or not a node's toposort is cached),
   # caching nothing on the graph: a warm call on new data walks a new graph, and costs what one on the same data does
-  stack = [(uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops)), False)]
+  stack = [(uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops)), None)]
   pop, push, BUFFER = stack.pop, stack.append, Ops.BUFFER
   while stack:
-    n, ready = pop()
+    n, made = pop()
     if n in place: continue
-    if not ready:
-      push((n, True))
-      for s in reversed(n.src):
-        if s not in place: push((s, False))
+    if made is None:   # first visit: its sources (a composite's stand-ins) go first
+      made = getattr(n, "_made", False) or False
+      push((n, made))
+      for s in reversed(made[1] if made else n.src):
+        if s not in place: push((s, None))
       continue
     place[n] = len(parts)
-    if n.op is BUFFER and not isinstance(n.arg, NewBuffer):
+    if made: parts.append(("composite", n.dtype, made[0], tuple([place[s] for s in made[1]])))
+    elif n.op is BUFFER and not isinstance(n.arg, NewBuffer):
       parts.append(("param", n.dtype, n.arg.size, n.arg.device)); params.append(n)
     else: parts.append((n.op, n.dtype, n._key[2], tuple([place[s] for s in n.src])))
   written = []
@@ -160,7 +166,7 @@ def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] |
 
 # extern.mode, pick.split_mode, attention.fusion_switch, and what the tensor_core stage reads (tensor_core.SWITCHES)
 SWITCHES = ("GRAFT_EXTERN", "GRAFT_SPLIT_REDUCE", "GRAFT_ATTENTION", *tensor_core.SWITCHES)
-_environ = os.environ
+_switches = EnvTexts(*SWITCHES)
 
 
 def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> tuple[Program, list]:
@@ -171,7 +177,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   targets = targets or [None] * len(outputs)
   structure, params = graph_key(uops, targets)
   # the switches that decide the program, as their raw text: parsed (and checked) by the pipeline on a miss
-  key = (structure, devices, pipeline.version, *map(_environ.get, SWITCHES))
+  key = (structure, devices, pipeline.version, _switches())
   with _lock: program = _plans.get(key)
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
@@ -284,10 +290,17 @@ def _build(low: _Lowered, params: list[UOp]) -> Program:
     if ck.program is None: pending.setdefault(ck.device, []).append(ck)
   with Progress("compiling", since=low.started) as progress:
     for device, cks in pending.items():
-      progress.line(f"building {len(cks)} kernels for {device} in one compiler call")
       dev = get_device(device)
-      programs = dev.build(dev.renderer.source([ck.source for ck in cks]), [ck.name for ck in cks])
-      for ck in cks: ck.program = programs[ck.name]
+      groups = compile_groups(cks, dev.compilers)
+      calls = "one compiler call" if len(groups) == 1 else f"{len(groups)} compiler calls side by side"
+      progress.line(f"building {len(cks)} kernels for {device} in {calls}")
+      def build(group: list[CompiledKernel]) -> dict:
+        return dev.build(dev.renderer.source([ck.source for ck in group]), [ck.name for ck in group])
+      if len(groups) == 1: built = [build(groups[0])]
+      else:   # (the compilers are processes: these threads only wait for them)
+        with ThreadPoolExecutor(len(groups)) as pool: built = list(pool.map(build, groups))
+      for group, programs in zip(groups, built):
+        for ck in group: ck.program = programs[ck.name]
   with _lock:
     if len(_kernels) + len(low.new) > MAX_KERNELS: _kernels.clear(); _by_name.clear()  # a program of ever-new shapes
     _kernels.update(low.new)
@@ -295,6 +308,18 @@ def _build(low: _Lowered, params: list[UOp]) -> Program:
   program = Program(low.host, low.kernels, low.returned, low.outputs, params)
   program.explanations = low.explanations
   return program
+
+
+def compile_groups(cks: list[CompiledKernel], compilers: int) -> list[list[CompiledKernel]]:
+  """`cks` split into at most `compilers` groups, one source (one compiler call) each, of about equal work: the
+  longest sources first, each to the group with the least source so far (a kernel's compile time grows with its
+  source's length)."""
+  groups: list[list[CompiledKernel]] = [[] for _ in range(max(1, min(compilers, len(cks))))]
+  load = [0] * len(groups)
+  for ck in sorted(cks, key=lambda ck: -len(ck.source)):
+    i = load.index(min(load))
+    groups[i].append(ck); load[i] += len(ck.source)
+  return groups
 
 
 def new_buffers(kernels: list[UOp]) -> list[tuple[tuple[int, ...], UOp]]:
@@ -334,12 +359,14 @@ def kernel_sources(outputs: list[tuple[UOp, str]], device: str | None = None) ->
 
 
 def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None,
-            before_run: Callable[[list], list] | None = None) -> list[UOp]:
+            before_run: Callable[[list], list] | None = None, wait: bool = True) -> list[UOp]:
   """Each output graph computed into a buffer of its device: the list of `VIEW(BUFFER)` forms, in order. Output i is
   written into the existing buffer view `targets[i]` where that is given (an assignment), and that view is returned;
   every output reads every target as it was before the realize. `before_run(inputs) -> inputs`, once the program is
   found and before it runs, may put other Buffers in place of its inputs (tensor/assign.py: the old contents of a
-  target kept for a lazy graph that still reads them); it may clear `outputs` and `targets`, which are not read after."""
+  target kept for a lazy graph that still reads them); it may clear `outputs` and `targets`, which are not read after.
+  With `wait=False` it returns once the work is launched, and the caller calls `wait()` when its own bookkeeping is
+  done (that Python then runs while a GPU computes: Tensor.realize lets the graph go there)."""
   t0, dbg = time.perf_counter(), debug_level()   # read first: a bad DEBUG is an error before any compile
   program, inputs = find_program(outputs, targets)
   if before_run is not None: inputs = before_run(inputs)
@@ -348,10 +375,19 @@ def realize(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None 
     for line in program.explanations: print(f"  {line}")
   results = program.run(inputs, dbg)
   capture.note_realize(program, inputs, results)
-  for dev in program.devices: get_device(dev).synchronize()
   _local.program = program
+  if wait or dbg >= 1: _wait_for(program)
   if dbg >= 1 and program.steps:
     print(f"realize: {len(program.kernels_called())} kernels, {len(program.steps)} steps, "
           f"{(time.perf_counter() - t0) * 1e3:.2f} ms")
   return results
 
+
+
+def wait() -> None:
+  """Wait for the devices of this thread's latest realize (the end of a `realize(..., wait=False)`)."""
+  if (program := last_program()) is not None: _wait_for(program)
+
+
+def _wait_for(program: Program) -> None:
+  for dev in program.devices: get_device(dev).synchronize()

@@ -205,6 +205,13 @@ def write(target, view: View, value) -> None:
   write_many([(target, view, value)])
 
 
+def _lose(t, dtype, error: BaseException) -> None:
+  """t (emptied for a realize that failed) as a tensor without a value, whose every use names the failure."""
+  from runtime.buffer import LostBuffer
+  buf = LostBuffer(t.device, t.numel(), dtype, f"{type(error).__name__}: {error}")
+  t.uop = UOp(Ops.VIEW, dtype, (UOp(Ops.BUFFER, dtype, (), buf),), View.contiguous(t.shape))
+
+
 def write_many(writes: list, also=(), private: bool = False) -> None:
   """Each (target, view, value) of `writes` (targets views of memory, values checked, no two targets one memory)
   written as by write(), all in ONE realize, which also realizes the tensors of `also` (an optimizer's step: every
@@ -225,6 +232,7 @@ def write_many(writes: list, also=(), private: bool = False) -> None:
   targets = [(target.uop.src[0], view) for target, view, _ in writes] + [None] * len(also)
   holders = [weakref.ref(target.uop.src[0]) for target, _, _ in writes]
   lent = list({id(t): t for t in also + ([value for _, _, value in writes] if private else [])}.values())
+  lent_dtypes = [t.dtype for t in lent]
   views = [[(t, e.view) for t, e in _viewers(buf)] for buf in bufs]
   dests = list(bufs)
 
@@ -242,7 +250,15 @@ def write_many(writes: list, also=(), private: bool = False) -> None:
     return [swap.get(b, b) for b in inputs] if swap else inputs
 
   try: outs = realize(outputs, targets, keep_old_contents)
-  finally:   # (after a failure too: the views stay usable; the tensors to be realized are empty if the run failed)
+  except BaseException as e:   # the tensors it was computing had let their graphs go: each says so when used
+    for t, dtype in zip(lent, lent_dtypes):
+      if t.uop is None: _lose(t, dtype, e)
+    if (written := getattr(e, "written_inputs", None)) is not None:
+      new = sum(any(d is w for w in written) for d in dests)
+      e.add_note(f"the in-place update stopped partway: {new} of the {len(dests)} tensors it writes hold their new "
+                 f"values, the others their old ones")
+    raise
+  finally:   # (after a failure too: the views stay usable, over what the run had written)
     for buf, dest, vs in zip(bufs, dests, views):
       node = UOp(Ops.BUFFER, dest.dtype, (), dest)
       for t, v in vs:

@@ -37,7 +37,10 @@ What may not change between calls (the captured work is that of the capturing ca
     capture. Python values the function reads from elsewhere (globals, closures, attributes) are constants of its
     programs: one that changes between calls (a learning rate as a Python float, a step count) makes two calls run
     different programs, and after `MAX_TRIES` such pairs the call is a JitError naming the difference. Keep such
-    values in tensors updated in place (`opt.lr = x` does; Adam's bias corrections are tensors).
+    values in tensors updated in place (`opt.lr = x` does; Adam's bias corrections are tensors). A float that changes
+    after the capture is seen where the function's own code names it (a global, a closure's variable, an attribute
+    of one of those or of `self`: `sched.lr`): the call records again (`python_numbers`); one reached through other
+    calls is not.
   - Tensors the function reads that are not its arguments are bound to their memory: to change one between calls,
     update it in place (`assign`), or pass it as an argument, or call `.reset()`. A tensor the function replaces
     rather than updates (`state = state + 1`, a `.grad` accumulated across calls without `zero_grad()`, a tensor made
@@ -92,6 +95,7 @@ class _Trace:
   kept: list[tuple]                             # (Binding, [(weakref to a tensor, the View it reads)]) re-pointed
   released: list                                # weakrefs to the tensors whose old .grad a replay lets go of first
   made: weakref.WeakSet = field(default_factory=weakref.WeakSet)   # the Buffers the call made (for messages)
+  watched: list = field(default_factory=list)   # (reader, value at the call): Python floats it reads (python_numbers)
 
 
 class Jit:
@@ -126,7 +130,9 @@ class Jit:
     sig = (tuple(signature_of(a) for a in args), tuple((k, signature_of(v)) for k, v in sorted(kwargs.items())))
     buffers = [t.uop.src[0].arg for t in tensors]
     sig += (tuple(next(j for j, b in enumerate(buffers) if b is buf) for buf in buffers),)  # which are the same
-    if (trace := self.captures.get(sig)) is not None: return _replay(trace, buffers)
+    if (trace := self.captures.get(sig)) is not None:
+      if all(read() == value for read, value in trace.watched): return _replay(trace, buffers)
+      del self.captures[sig]   # a Python number its programs were built with changed: recorded again (two calls)
     if sig not in self.seen and (known := len(self.seen) + len(self.captures)) >= MAX_CAPTURES:
       raise JitError(f"jit {self.__name__}: called with {known + 1} different signatures (shapes, dtypes, "
                      f"devices or Python values of its arguments); at most {MAX_CAPTURES} are captured. Call it with "
@@ -162,6 +168,7 @@ class Jit:
     def changed_grad(p) -> bool:
       _, old, _ = grads_before.get(id(p), (p, None, None))
       return p.grad is not None if old is None else (g := old()) is None or p.grad is not g
+    watched = [(read, read()) for read in python_numbers(self.fn)]
     with capture.recording(on_read=refuse) as rec:
       result = self.fn(*args, **kwargs)
       shape = "one" if isinstance(result, Tensor) else "tuple" if isinstance(result, tuple) else "list" if isinstance(result, list) else None
@@ -170,7 +177,40 @@ class Jit:
         raise JitError(f"jit {self.__name__}: the function must return a Tensor or a tuple or list of Tensors, not {type(result).__name__}")
       changed = [(p, p.grad) for p in requiring() if changed_grad(p)]
       Tensor.realize_all(*outs, *(g for _, g in changed if g is not None))
-    return result, _describe(rec, buffers, outs, shape, changed, grads_before)
+    trace = _describe(rec, buffers, outs, shape, changed, grads_before)
+    trace.watched = watched
+    return result, trace
+
+
+def python_numbers(fn: Callable) -> list[Callable[[], Any]]:
+  """A reader of each Python float that `fn`'s own code names: a global, a variable of its closure, or an attribute
+  it reads of one of those objects or of a bound method's `self` (`sched.lr`, `self.lr`). A replay compares them with
+  the values the capturing call saw: a learning-rate schedule kept as a plain float attribute is a constant of the
+  captured programs, and its change must not be replayed as the old value. (Floats the function reaches through
+  other calls, or in containers, are not seen: keep those in tensors.)"""
+  import types
+  func, owner = (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn, None)
+  code = getattr(func, "__code__", None)
+  if code is None: return []
+  names, stack = set(), [code]
+  while stack:   # the names of its code and of the code nested in it (comprehensions, inner functions)
+    c = stack.pop()
+    names |= set(c.co_names)
+    stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+  def attributes(obj) -> list[Callable[[], Any]]:
+    if isinstance(obj, (types.ModuleType, types.FunctionType, types.MethodType, type)): return []
+    own = getattr(obj, "__dict__", None)
+    return [(lambda o=own, n=n: o.get(n)) for n in names if isinstance(own, dict) and isinstance(own.get(n), float)]
+  readers = attributes(owner) if owner is not None else []
+  scope = getattr(func, "__globals__", {})
+  for n in names & scope.keys():
+    value = scope[n]
+    readers += [lambda n=n: scope.get(n)] if isinstance(value, float) else attributes(value)
+  for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+    try: value = cell.cell_contents
+    except ValueError: continue   # (not assigned yet)
+    readers += [lambda cell=cell: cell.cell_contents] if isinstance(value, float) else attributes(value)
+  return readers
 
 
 _ADVICE = ("A Python value the function reads that changes between calls (a number, a step count) is a constant of "
@@ -218,8 +258,8 @@ def _describe(rec: capture.Recording, buffers: list, outs: list, shape: str, cha
   own = {id(t) for t in outs} | {id(g) for _, g in changed if g is not None}
   kept = [(where[id(b)], views) for b in made
           if (views := [(weakref.ref(t), e.view) for t, e in _viewers(b) if id(t) not in own])]
-  # the old gradients that the call replaces without reading them go before a replay runs (as zero_grad() in the
-  # function lets them go), not after: they are not held beside the new ones
+  # the old gradients that the call replaces without reading them go before a replay runs its programs (as zero_grad()
+  # in the function lets them go; once its index checks passed), not after: they are not held beside the new ones
   read_grads = {id(b[1]()) for step in steps if step[0] == "realize" for b in step[1].inputs if b[0] == "grad"}
   released = [ref for ref, _ in grads if id(ref()) not in read_grads]
   return _Trace(steps, results, shape, grads, kept, released, made)
@@ -295,18 +335,21 @@ def _replay(trace: _Trace, buffers: list):
   from .tensor import Tensor
   from .assign import _register
   from rewrite import UOp, Ops
-  for ref in trace.released:
-    if (p := ref()) is not None: p.grad = None
   values: list = []
   def get(b: Binding):
     kind, x = b
     return buffers[x] if kind == "arg" else values[x] if kind == "value" else x.current() if kind == "held" else _grad_of(x)
-  for step in trace.steps:
+  # the old gradients go once the checks of the arguments' values passed (an index out of range changes nothing)
+  checked = max((i + 1 for i, step in enumerate(trace.steps) if step[0] == "guard"), default=0)
+  for i, step in enumerate(trace.steps + [("checked",)]):
+    if i == checked:
+      for ref in trace.released:
+        if (p := ref()) is not None: p.grad = None
     if step[0] == "realize":
       values.extend(u.src[0].arg for u in step[1].runner.run([get(b) for b in step[1].inputs]))
     elif step[0] == "split": values.append(get(step[1]).copy())
     elif step[0] == "unread": values.append(None)
-    else: capture.guard(get(step[1]), get(step[2]), step[3])
+    elif step[0] == "guard": capture.guard(get(step[1]), get(step[2]), step[3])
   def tensor(r: tuple):
     buf = get(r[0])
     return Tensor._from_uop(UOp(Ops.VIEW, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), r[1]), r[2], r[3])

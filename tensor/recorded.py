@@ -20,12 +20,32 @@ nothing.
 from __future__ import annotations
 import functools, math
 from rewrite import UOp, Ops, DType
-from rewrite.uop import _make
+from rewrite.uop import _intern, _UOpFields
 from rules.shapes import shape_of
 from .autograd import grad_enabled
 
 MAX_RECORDS = 512
-_records: dict[tuple, tuple] = {}    # key -> (steps, shape of the result)
+
+
+class Record:
+  """One composite's record for one kind of input: `fixed` and `steps` (as `_record` makes them) and the result's
+  shape. Its result node is marked as made by it (UOp._made: this record, the stand-ins), so a program's key names
+  that node by the record and its stand-ins (runtime/realize.py graph_key), not by the nodes between; compared by
+  identity."""
+  __slots__ = ("name", "fixed", "steps", "shape")
+
+  def __init__(self, name: str, fixed: list[UOp], steps: list[tuple], shape: tuple[int, ...]):
+    self.name, self.fixed, self.steps, self.shape = name, fixed, steps, shape
+
+  def mark(self, out: UOp, stands: list[UOp]) -> UOp:
+    _made.__set__(out, (self, tuple(stands)))
+    return out
+
+  def __repr__(self) -> str: return self.name
+
+
+_records: dict[tuple, Record] = {}
+_made = _UOpFields._made   # the slot's descriptor (UOp itself refuses attribute writes)
 
 
 def _stand_in(u: UOp) -> tuple[UOp, tuple] | None:
@@ -37,10 +57,11 @@ def _stand_in(u: UOp) -> tuple[UOp, tuple] | None:
   return s, (u.arg, s.op, None if s.op is Ops.BUFFER else shape_of(s))
 
 
-def _record(out: UOp, inputs: list[UOp]) -> list[tuple] | None:
-  """The nodes of `out` that depend on the inputs, sources first, as (op, dtype, arg, sources) with each source
-  -1 - i (input i), an int >= 0 (an earlier step) or a node that does not depend on the inputs (kept as it is);
-  None where the graph cannot be replayed."""
+def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None:
+  """(fixed, steps): the nodes of `out` that depend on the inputs, sources first, as (op, dtype, arg, the arg's key
+  in UOp's table, sources), each source numbered in the list a replay builds: the fixed nodes (those the steps read
+  that do not depend on the inputs, kept as they are), then the inputs, then the steps' own nodes. None where the
+  graph cannot be replayed."""
   where: dict[UOp, int] = {u: -1 - i for i, u in enumerate(inputs)}   # absent: no dependence on the inputs
   if len(where) < len(inputs) or out in where or (out.op is Ops.VIEW and out.src[0] in where): return None
   fixed: set[UOp] = set()
@@ -55,18 +76,21 @@ def _record(out: UOp, inputs: list[UOp]) -> list[tuple] | None:
       continue
     if any(s in where for s in n.src):
       where[n] = len(steps)
-      steps.append((n.op, n.dtype, n.arg, tuple([where.get(s, s) for s in n.src])))
+      steps.append((n.op, n.dtype, n.arg, n._key[2], tuple([where.get(s, s) for s in n.src])))
     elif n.op is Ops.BUFFER: return None
     else: fixed.add(n)
-  return steps if out in where else None
+  if out not in where: return None
+  kept = list(dict.fromkeys(s for *_, srcs in steps for s in srcs if s.__class__ is not int))
+  at, first = {u: k for k, u in enumerate(kept)}, len(kept) + len(inputs)
+  number = lambda s: at[s] if s.__class__ is not int else first + s if s >= 0 else len(kept) - 1 - s
+  return kept, [(*step[:4], tuple(map(number, step[4]))) for step in steps]
 
 
-def _replay(steps: list[tuple], inputs: list[UOp]) -> UOp:
-  built: list[UOp] = []
-  for op, dtype, arg, srcs in steps:
-    built.append(_make(op, dtype, tuple([s if s.__class__ is not int else built[s] if s >= 0 else inputs[-1 - s]
-                                         for s in srcs]), arg))
-  return built[-1]
+def _replay(rec: Record, inputs: list[UOp]) -> UOp:
+  nodes = rec.fixed + inputs
+  get, put = nodes.__getitem__, nodes.append
+  for op, dtype, arg, key, srcs in rec.steps: put(_intern(op, dtype, tuple(map(get, srcs)), arg, key))
+  return nodes[-1]
 
 
 def _plain(a) -> bool:
@@ -101,10 +125,11 @@ def recorded(method):
     key = tuple(parts)
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
-    if rec is not None: return self._from_uop(_replay(rec[0], stands), rec[1], self.device)
+    if rec is not None: return self._from_uop(rec.mark(_replay(rec, stands), stands), rec.shape, self.device)
     out = method(self, *args, **kwargs)
-    if (steps := _record(out.uop, stands)) is not None:
+    if (made := _record(out.uop, stands)) is not None:
       if len(_records) >= MAX_RECORDS: _records.clear()
-      _records[key] = (steps, out.shape)
+      _records[key] = rec = Record(name, *made, out.shape)
+      rec.mark(out.uop, stands)   # (the first call's key is the replays')
     return out
   return run

@@ -192,11 +192,12 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     # a view of a lazy tensor is memory once that tensor is (assign.py): realizing that one computes both
     todo = pending(tensors)
     if not todo: return
-    from runtime.realize import realize
-    outs = realize([(t.uop, t.device) for t in todo])
-    for t, u in zip(todo, outs):
+    from runtime.realize import realize, wait
+    outs = realize([(t.uop, t.device) for t in todo], wait=False)
+    for t, u in zip(todo, outs):   # (while a GPU runs the work: the graphs let go here cost no wall time)
       t.uop = u
       realized(t)
+    wait()
 
   def kernel_sources(self, device=None) -> list[str]:
     """The source of each kernel that realizing this tensor would compile, in call order (C for the CPU, CUDA for a

@@ -58,3 +58,12 @@ def test_first_call_bench_splits_a_cold_call_into_lowering_compiling_and_the_res
   assert lines[0].startswith("first call") and "compile" in lines[0]
   total, lower, compile_, rest = map(float, lines[1].split()[1:])
   assert lines[1].startswith("ew") and total > 0 and lower > 0 and compile_ > 0 and abs(total - lower - compile_ - rest) < 2e-3   # (each rounded to 1 ms)
+
+
+def test_train_kernels_bench_splits_a_tiny_step_by_thread_count_and_phase():
+  out = bench("train_kernels.py", "--layers", "1", "--tokens", "8", "--width", "32", "--heads", "2", "--batch", "2",
+              "--vocab", "64", "--repeat", "2", "--threads", "1,2", "--phases")
+  assert "kernel time ms: 1 thread" in out and ", 2 threads" in out, out
+  phases = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()
+            if line.split()[:1] in (["forward"], ["backward"], ["optimizer"])}
+  assert set(phases) == {"forward", "backward", "optimizer"} and all(ms > 0 for ms in phases.values()), out

@@ -57,3 +57,16 @@ def test_a_switch_takes_0_or_1(monkeypatch):
   assert cache_dir() is None
   monkeypatch.setenv("GRAFT_CACHE", "false")   # before: anything but "0" left the cache on, silently
   with pytest.raises(ValueError, match=r"GRAFT_CACHE='false': 1 turns the disk cache on, 0 off \(default 1\)"): cache_dir()
+
+
+def test_raw_texts_follow_every_change_of_the_environment(monkeypatch):
+  from rewrite.env import EnvTexts
+  texts = EnvTexts("GRAFT_TEST_ONE", "GRAFT_TEST_TWO")
+  monkeypatch.delenv("GRAFT_TEST_ONE", raising=False)
+  monkeypatch.setenv("GRAFT_TEST_TWO", "x")
+  before = texts()
+  assert before[0] is None and before[1] is not None
+  monkeypatch.setenv("GRAFT_TEST_ONE", "1")
+  monkeypatch.setenv("GRAFT_TEST_TWO", "y")
+  after = texts()
+  assert after[0] is not None and after[1] != before[1] and texts() == after

@@ -334,3 +334,23 @@ def test_cross_entropy_backward_stores_no_one_hot():
   t = torch.tensor(data, requires_grad=True)
   F.cross_entropy(t, torch.tensor(target)).backward()
   np.testing.assert_allclose(logits.grad.numpy(), t.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_a_product_the_forward_and_the_backward_both_store_is_stored_once():
+  # the logits of a language model are stored by the forward pass (the cross-entropy's max reads them) and kept for
+  # the backward pass: one buffer, not two buffers written with the same values by one kernel
+  rng = np.random.default_rng(0)
+  x = Tensor(rng.standard_normal((16, 32)).astype(np.float32), requires_grad=True)
+  w = Tensor(rng.standard_normal((64, 32)).astype(np.float32) * 0.1, requires_grad=True)
+  target = rng.integers(0, 64, 16)
+  loss = (x.layernorm(-1) @ w.T).cross_entropy(target)
+  loss.backward()
+  Tensor.realize_all(loss, x.grad, w.grad)
+  for ck in last_program().kernels_called():
+    if not hasattr(ck, "linear"): continue
+    values = [u.src[1] for u in ck.linear.src if u.op is Ops.STORE]
+    assert len(values) == len(set(values)), f"{ck.name} stores one value twice:\n{ck.source}"
+  tx, tw = torch.tensor(x.numpy(), requires_grad=True), torch.tensor(w.numpy(), requires_grad=True)
+  F.cross_entropy(F.layer_norm(tx, (32,)) @ tw.T, torch.tensor(target)).backward()
+  np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)

@@ -187,3 +187,42 @@ def test_what_cannot_be_replayed_is_an_error_naming_it():
     print(loss.item())   # a value read into Python: no replay could print it
     return loss
   with pytest.raises(JitError, match=r"reads tensor values into Python \(numpy\(\) \(or \.item\(\)"): jit(logs)(Tensor(np.ones(3, np.float32)))
+
+
+def test_a_replay_whose_index_check_fails_keeps_the_gradients():
+  # the gradients a replay replaces are let go before it runs, but not before its index checks passed: a call that
+  # raises IndexError changes nothing, .grad included
+  _, _, _, step, model = _gpt_run(True, steps=3)
+  grads = [p.grad.numpy() for p in model.parameters()]
+  ids = np.zeros((2, 16), np.int32)
+  ids[0, 0] = -65
+  with pytest.raises(IndexError, match="index -65 is out of bounds"): step(Tensor(ids), Tensor(np.zeros((2, 16), np.int32)))
+  for g, p in zip(grads, model.parameters()): np.testing.assert_array_equal(g, p.grad.numpy())
+
+
+class _Schedule:
+  lr = 0.1
+
+
+def test_a_python_float_changed_after_capture_is_not_replayed_as_the_old_value():
+  # a learning rate kept as a plain float attribute (not opt.lr, which is a tensor) is a constant of the captured
+  # programs: when it changes, the call records again instead of replaying the old value
+  sched = _Schedule()
+  sched.lr = 0.5
+  def run(use_jit: bool) -> list:
+    w, calls = Tensor(np.ones(3, np.float32), requires_grad=True), []
+    def sgd_step(x):
+      calls.append(1)
+      loss = (x * w * w).sum()
+      w.grad = None
+      loss.backward()
+      w.assign(w - w.grad * sched.lr)
+      return loss
+    step, out = jit(sgd_step) if use_jit else sgd_step, []
+    for i in range(8):
+      sched.lr = 0.5 if i < 4 else 0.25   # a step schedule: four calls (captured after two), then another rate
+      step(Tensor(np.full(3, 0.1, np.float32)))
+      out.append(w.numpy())
+    assert len(calls) == (4 if use_jit else 8)   # recorded twice at each rate, replayed twice at each
+    return out
+  for ours, plain in zip(run(True), run(False)): np.testing.assert_allclose(ours, plain, rtol=1e-6)

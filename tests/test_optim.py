@@ -145,3 +145,35 @@ def test_clear_errors():
   with pytest.raises(ValueError, match="empty"): Adam([])
   with pytest.raises(ValueError, match="Nesterov"): SGD([p], lr=0.1, nesterov=True)
   with pytest.raises(ValueError, match="learning rate"): SGD([p], lr=-1.0)
+
+
+def test_a_step_that_fails_midway_leaves_clear_tensors_and_the_next_step_runs(monkeypatch):
+  # the step's realize also computes the gradients and the loss, whose graphs it lets go once its program is found:
+  # when the run fails, each of them says so when used (not an AttributeError from inside), the parameters the run
+  # had not written yet hold their values, and a new backward() and step() train on
+  from runtime.program import Program
+  rng = np.random.default_rng(0)
+  w = Tensor(rng.standard_normal((8, 4)).astype(np.float32), requires_grad=True)
+  opt, x = SGD([w], lr=0.1), Tensor(rng.standard_normal((16, 8)).astype(np.float32))
+  loss = ((x @ w) ** 2).mean()
+  loss.backward()
+  before, plain = w.numpy(), Program._step
+  def fails_at_the_first_kernel(self, step, *args):
+    if step[0] in ("call", "extern", "pick"): raise MemoryError("no memory left (simulated)")
+    return plain(self, step, *args)
+  monkeypatch.setattr(Program, "_step", fails_at_the_first_kernel)
+  with pytest.raises(MemoryError, match="simulated") as failure: opt.step()
+  monkeypatch.setattr(Program, "_step", plain)
+  assert "0 of the 1 tensors it writes hold their new values, the others their old ones" in str(failure.value.__notes__)
+  np.testing.assert_array_equal(w.numpy(), before)
+  for lost in (w.grad, loss):
+    with pytest.raises(RuntimeError, match=r"has no value: the realize computing it failed \(MemoryError: no memory left"):
+      lost.numpy()
+  with pytest.raises(RuntimeError, match="has no value"): (w.grad * 2).numpy()   # a graph reading it says so too
+  opt.zero_grad()
+  loss = ((x @ w) ** 2).mean()
+  loss.backward()
+  opt.step()
+  tw = torch.tensor(before, requires_grad=True)
+  ((torch.tensor(x.numpy()) @ tw) ** 2).mean().backward()
+  np.testing.assert_allclose(w.numpy(), before - 0.1 * tw.grad.numpy(), rtol=1e-5, atol=1e-6)

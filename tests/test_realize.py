@@ -79,3 +79,12 @@ def test_a_warm_call_reuses_its_plan_and_another_constant_does_not(monkeypatch):
   program(-2.0)                    # another constant is another program
   assert len(rt._plans) == plans + 1
   np.testing.assert_allclose((x * -2.0 + 1).numpy(), np.arange(6) * -2.0 + 1)
+
+
+def test_new_kernels_are_dealt_into_compiler_calls_of_about_equal_source():
+  from runtime.realize import CompiledKernel, compile_groups
+  cks = [CompiledKernel(f"k{i}", "CUDA", "x" * n, None, [], 0, 0) for i, n in enumerate([900, 100, 500, 400, 50, 450])]
+  groups = compile_groups(cks, 3)
+  assert sorted(ck.name for g in groups for ck in g) == sorted(ck.name for ck in cks)   # each kernel once
+  assert sorted(sum(len(ck.source) for ck in g) for g in groups) == [650, 850, 900]
+  assert compile_groups(cks, 1) == [sorted(cks, key=lambda ck: -len(ck.source))] and len(compile_groups(cks[:2], 8)) == 2

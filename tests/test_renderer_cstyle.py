@@ -119,6 +119,15 @@ def test_any_of_bytes_cast_to_int8_is_one():
   np.testing.assert_array_equal(Tensor(x).any(axis=None, keepdim=True).cast("int8").numpy(), np.ones((1, 1, 1), np.int8))
 
 
+@pytest.mark.parametrize("dtype", ["int16", "float32"])
+def test_a_pad_of_a_cast_over_pairs_reads_every_value(dtype):
+  # the cast between the pad and the load puts the pad's mask in the index (`c ? i : 0`); gcc 12.2 made masked vector
+  # loads of each pair out of it with wrong masks: zeros where values belonged (found by bench/fuzz.py)
+  x = np.random.default_rng(5).integers(-5, 6, (7, 2)).astype(np.int64)
+  got = Tensor(x).cast(dtype).pad(((2, 1), (0, 0)), value=0).numpy()
+  np.testing.assert_array_equal(got, np.pad(x.astype(dtype), ((2, 1), (0, 0))))
+
+
 def test_a_pad_of_negative_zero_keeps_its_sign():
   x = np.ones((2, 2), np.float16)
   got = Tensor(x).pad(((1, 0), (0, 1)), value=-0.0).reciprocal().numpy()

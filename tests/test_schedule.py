@@ -150,6 +150,54 @@ def test_a_product_and_a_value_computed_from_it_are_one_tiled_kernel():
   np.testing.assert_allclose(out.numpy(), np.maximum(x.numpy() @ w.numpy(), 0) * 2, rtol=1e-5, atol=1e-6)
 
 
+def test_a_value_stored_by_the_gradient_and_by_the_realize_stage_is_one_buffer(monkeypatch):
+  # h = gelu(a @ w1) @ w2 is stored by the gradient (its backward reads it) and by the realize stage (the loss's sum
+  # reads a reduction); once the gelu operand inside h is stored too, the two are one node: one buffer, filled by a
+  # kernel of one store that the product's tile plan takes (two stores of one value were refused: 28% of a GPT step)
+  a, w1, w2 = (Tensor(rng.standard_normal(s).astype(np.float32) * 0.1, requires_grad=True, device="CPU")
+               for s in ((32, 48), (48, 64), (64, 16)))
+  h = (a @ w1).gelu() @ w2
+  loss = (h * h).sum()
+  loss.backward()
+  grads = [a.grad, w1.grad, w2.grad]
+  monkeypatch.setenv("GRAFT_EXTERN", "0")   # every product a kernel of ours (no library call)
+  program = build_program([(t.uop, "CPU") for t in [loss, *grads]])
+  written = {line.split()[1]: line.split(" <- ")[0].split("  ")[-1] for line in program.listing.splitlines()[2:]
+             if line.split()[0] == "call"}
+  h_kernels = [k for k in program.kernels_called() if k.name.startswith("r_32_16_")]   # h: 32 x 16
+  assert len(h_kernels) == 1 and "vector" in h_kernels[0].plan and "," not in written[h_kernels[0].name], program.listing
+  Tensor.realize_all(loss, *grads)
+  import torch
+  ta, tw1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (a, w1, w2))
+  th = torch.nn.functional.gelu(ta @ tw1, approximate="tanh") @ tw2
+  (th * th).sum().backward()
+  for g, tg in zip(grads, (ta, tw1, tw2)): np.testing.assert_allclose(g.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_linear_layers_gelu_backward_is_one_kernel(monkeypatch):
+  # the backward stores d(pre-activation) for its two products; the bias gradient reads that buffer too (rule
+  # read_graph_stores), instead of recomputing it, which had the share stage store each step of the GELU's derivative
+  # (read at two depths): 8 elementwise kernels of the layer's shape, now 1 (and 1 for the forward's GELU)
+  a, w1, b1, w2 = (Tensor(rng.standard_normal(s).astype(np.float32) * 0.1, requires_grad=True, device="CPU")
+                   for s in ((64, 32), (32, 48), (48,), (48, 32)))
+  h = (a @ w1 + b1).gelu() @ w2
+  loss = (h * h).sum()
+  loss.backward()
+  grads = [a.grad, w1.grad, b1.grad, w2.grad]
+  monkeypatch.setenv("GRAFT_EXTERN", "0")
+  program = build_program([(t.uop, "CPU") for t in [loss, *grads]])
+  assert sum(k.name.startswith("E_64_48_") for k in program.kernels_called()) == 2, program.listing
+  # and each gradient is written where it is computed (by its product, its sum), not copied into the output after
+  writer = {line.split(" <- ")[0].split()[-1]: line.split()[1] for line in program.listing.splitlines()[2:] if " call " in f" {line} "}
+  assert all(writer[f"out{i}"].startswith("r_") for i in range(1, 5)), program.listing
+  Tensor.realize_all(loss, *grads)
+  import torch
+  ta, tw1, tb1, tw2 = (torch.tensor(t.numpy(), requires_grad=True) for t in (a, w1, b1, w2))
+  th = torch.nn.functional.gelu(ta @ tw1 + tb1, approximate="tanh") @ tw2
+  (th * th).sum().backward()
+  for g, tg in zip(grads, (ta, tw1, tb1, tw2)): np.testing.assert_allclose(g.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_attention_computes_its_scores_once():
   # the max and the sum read the scores from a buffer, and so do the probabilities: q @ k.T runs in one kernel
   q, k, v = (Tensor(rng.standard_normal((2, 16, 8)).astype(np.float32)) for _ in range(3))

@@ -105,3 +105,34 @@ def test_remembered_constants_tell_minus_zero_ints_floats_and_bools_apart():
     assert (i * 1).dtype.name == "int32" and (i * 1.0).dtype.name == "float32" and (i * True).dtype.name == "int32"
     np.testing.assert_array_equal(Tensor.full((2,), True).numpy(), [True, True])
     np.testing.assert_array_equal(Tensor.full((2,), 1).numpy(), [1, 1])
+
+
+def test_a_composite_is_keyed_by_its_record_and_the_first_call_shares_the_replays_key(no_rewrite):
+  # layernorm's record names its result node: the key holds that and its input, not the nodes between
+  rng = np.random.default_rng(1)
+  fresh = lambda: Tensor(rng.standard_normal((5, 7)).astype(np.float32))
+  x = fresh()
+  first = x.layernorm(1, eps=1e-4)   # (an eps no other test records: this call records)
+  key, params = rt.graph_key([first.uop])
+  assert [p[0] for p in key[0]] == ["param", "composite"] and params == [x.uop.src[0]]
+  first.numpy()
+  for _ in range(2):
+    y = fresh()
+    out = y.layernorm(1, eps=1e-4)
+    assert rt.graph_key([out.uop])[0] == key   # a replay over a new input: the first call's program
+    with no_rewrite: got = out.numpy()
+    want = y.numpy() - y.numpy().mean(1, keepdims=True)
+    np.testing.assert_allclose(got, want / np.sqrt((want ** 2).mean(1, keepdims=True) + 1e-4), rtol=1e-4, atol=1e-5)
+
+
+def test_a_composite_over_another_kind_of_input_or_inside_a_graph_is_another_key():
+  a = Tensor(np.ones((4, 6), np.float32))
+  key = rt.graph_key([a.softmax(1).uop])[0]
+  assert rt.graph_key([Tensor(np.ones((6, 4), np.float32)).softmax(1).uop])[0] != key
+  assert rt.graph_key([(a * 2).softmax(1).uop])[0] != key            # a lazy input: its own nodes are walked
+  assert rt.graph_key([(a.softmax(1) + a).uop])[0] != key
+  b = Tensor(np.ones((4, 6), np.float32))
+  two, params = rt.graph_key([(a.softmax(1) + b.softmax(1)).uop])
+  one, param = rt.graph_key([(a.softmax(1) + a.softmax(1)).uop])
+  assert two != one and len(params) == 2 and len(param) == 1       # aliasing counts through composites too
+  np.testing.assert_allclose((a.softmax(1) + b.softmax(1)).numpy(), np.full((4, 6), 2 / 6), rtol=1e-6)
