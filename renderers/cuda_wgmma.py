@@ -5,7 +5,9 @@ whose TileSpec has `wgmma` set.
 prelude below (added to a source only when one of its kernels calls it; runtime/cuda.py then builds the source for
 sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; warpgroup g computes rows 64g..64g+63 of
 the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
-shared memory through 64-bit matrix descriptors). The template:
+shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands:
+every byte offset below is the same (a slice is 128 bytes of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
+The template:
 - copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
   `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
   128-byte row r lands at chunk c ^ (r % 8) (the tensor cores undo the XOR on the address bits), 8 rows making an
@@ -13,7 +15,10 @@ shared memory through 64-bit matrix descriptors). The template:
   - A (K-major: a row of A is contiguous along k): row i of the tile is row i of the slice; descriptor SBO = 1024 (the
     next 8 rows), LBO unused; the 4 steps of 16 along k start 32 bytes apart inside the swizzled row;
   - B along k (K-major too, a transposed weight x @ W.T): the same, a row per column j;
-  - B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
+  - a float32 B along j: TF32's wgmma reads only K-major operands, so it is stored as B along k is, transposed as it
+    is copied: element by element (4-byte cp.async), a warp taking 4 k by 8 columns so that its stores fall in 32
+    different banks;
+  - a 16-bit B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
     each block per k); SBO = 1024 (the next 8 rows of k), LBO = 64 x 128 bytes (the next block of 64 columns); the
     steps of 16 along k start 2048 bytes apart;
 - keeps STAGES slices of shared memory, STAGES - 2 copied ahead of the one the tensor cores read, and one wgmma group
@@ -27,7 +32,7 @@ shared memory through 64-bit matrix descriptors). The template:
   array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block index
   once, through `g_block_index()` (`wgmma_rules`): nvcc reads `%ctaid` again after the product where the epilogue uses
   it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
-A gathered A (a channels-last convolution: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
+A gathered A (a channels-last convolution of 16-bit operands: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
 (`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
 STAGES - 1 slices ahead, in 3 slices (97 KiB and the table: 2 blocks a multiprocessor).
@@ -39,24 +44,28 @@ warps along rows, WN = 1), so rules/opt/tensor_core.py places the epilogue's sto
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
-BK = 64          # k per slice: one 128-byte swizzled row of 16-bit elements
-WIDTHS = (128, 256)   # the n of m64nNk16 the tiles use (BN)
+WIDTHS = (128, 256)   # the n of m64nNk the tiles use (BN)
+# operand type -> (its PTX type, the k of one wgmma: 32 bytes of a row)
+TYPES = {"half": ("f16", 16), "__nv_bfloat16": ("bf16", 16), "float": ("tf32", 8)}
 
 
-def _op(ptx: str, ctype: str, n: int) -> str:
-  """One wgmma of m64n{n}k16 on a warpgroup's n/2 accumulators; TB: B is MN-major (stored along j)."""
+def _op(ctype: str, n: int) -> str:
+  """One wgmma of m64n{n}k{k} on a warpgroup's n/2 accumulators; TB: B is MN-major (stored along j; 16-bit operands
+  only: TF32 reads both operands K-major and takes no transpose immediates)."""
+  ptx, k = TYPES[ctype]
   regs = n // 2
   d = ", ".join(f"%{i}" for i in range(regs))
   outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+  trans = f", 0, %{regs + 3}" if k == 16 else ""
   return (f"template <> struct g_wgmma_op<{ctype}, {n}> {{\n"
           f"  template <int TB> static __device__ __forceinline__ void run(float* d, unsigned long long a, unsigned long long b) {{\n"
           f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n"\n'
+          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{trans};\\n}}\\n"\n'
           f'                 : {outs}\n                 : "l"(a), "l"(b), "r"(1), "n"(TB));\n  }}\n}};')
 
 
 PRELUDE = "\n".join([r"""
-template <class T, int N> struct g_wgmma_op;""", *(_op(p, c, n) for p, c in (("f16", "half"), ("bf16", "__nv_bfloat16")) for n in WIDTHS), r"""
+template <class T, int N> struct g_wgmma_op;""", *(_op(c, n) for c in TYPES for n in WIDTHS), r"""
 /* a shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units), 128-byte swizzle */
 __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
@@ -68,8 +77,11 @@ template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
-  constexpr int BK = 64, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
-  constexpr int A_BYTES = BM * BK * 2, STAGE = (BM + BN) * BK * 2;
+  /* a slice: 128 bytes of k (a swizzled row); a chunk: 16 bytes; one wgmma: 32 bytes of k */
+  constexpr int E = sizeof(T), BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
+  constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+  /* B K-major in shared memory: stored along k, or float32 (TF32 reads only K-major operands) transposed as copied */
+  constexpr bool B_KMAJOR = B_ALONG_K || E == 4;
   static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
   static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
   /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
@@ -80,7 +92,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
      (tid + t * THREADS) / 8, and a table of k's offsets after the tiles */
   constexpr bool MATRIX = g_is_matrix<G>::value;
   constexpr int AHEAD = MATRIX ? STAGES - 2 : STAGES - 1;   /* slices copied ahead: a gathered A's steps wait for their group */
-  static_assert(MATRIX || G::chunked, "a gathered A on wgmma is copied in 16-byte chunks");
+  static_assert(MATRIX || (G::chunked && E == 2), "a gathered A on wgmma: 16-bit, copied in 16-byte chunks");
   long long roff[BM * 8 / THREADS];
   int* koff = reinterpret_cast<int*>(smem + STAGES * STAGE);
   if constexpr (!MATRIX) {
@@ -94,22 +106,33 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   auto load = [&](int stage, int k0) {
     unsigned char* sa = smem + stage * STAGE;
     unsigned char* sb = sa + A_BYTES;
-    const T* a = MATRIX ? A + k0 + (tid & 7) * 8 : A + koff[k0 + (tid & 7) * 8];
+    const T* a = MATRIX ? A + k0 + (tid & 7) * CE : A + koff[k0 + (tid & 7) * CE];
 #pragma unroll
     for (int t = 0; t < BM * 8 / THREADS; t++) {
       const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
       g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), a + (MATRIX ? row * LDA : roff[t]));
     }
+    if constexpr (B_ALONG_K || E == 2) {
 #pragma unroll
-    for (int t = 0; t < BN * 8 / THREADS; t++) {
-      const int c = tid + t * THREADS;
-      if (B_ALONG_K) {
-        const int row = c >> 3, chunk = c & 7;
-        g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * 8);
-      } else {
-        const int row = c / (BN / 8), chunk = c % (BN / 8);
-        g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * 8);
+      for (int t = 0; t < BN * 8 / THREADS; t++) {
+        const int c = tid + t * THREADS;
+        if (B_ALONG_K) {
+          const int row = c >> 3, chunk = c & 7;
+          g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
+        } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
+          const int row = c / (BN / 8), chunk = c % (BN / 8);
+          g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
+        }
       }
+    } else {
+      /* float32 B along j, to K-major: element by element (4-byte cp.async); a warp takes 4 k by 8 columns, which land
+         in 32 different banks (column n's row, chunk (k / 4) ^ (n % 8), word k % 4) and read 4 rows of 32 bytes */
+      static_assert(THREADS / 32 == BK / 4, "a warp per 4 rows of k");
+      const int k = (tid >> 5) * 4 + (tid & 3), n = (tid >> 2) & 7;   /* this thread's k, and its first column */
+      unsigned char* dst = sb + n * 128 + (((k >> 2) ^ n) << 4) + (k & 3) * 4;
+      const T* src = B + (k0 + k) * LDB + n;
+#pragma unroll
+      for (int t = 0; t < BN / 8; t++) g_copy1((float*)(dst + t * 1024), (const float*)(src + t * 8));   /* columns n + 8t */
     }
   };
 #pragma unroll
@@ -123,11 +146,11 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
     const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-    const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+    const unsigned long long db = B_KMAJOR ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
-      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
+    for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
+      g_wgmma_op<T, BN>::template run<B_KMAJOR ? 0 : 1>(acc, da + kk * 2, db + (B_KMAJOR ? kk * 2 : kk * KSTEP * 8));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
     if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);

@@ -226,13 +226,16 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
   x32, w32 = Tensor(normal(512, 256, dtype=np.float32)), Tensor(normal(256, 512, dtype=np.float32))
+  xl, wl = Tensor(normal(2048, 512, dtype=np.float32)), Tensor(normal(512, 4096, dtype=np.float32))   # TF32 on wgmma
+  programs += [xl @ wl, (xl @ Tensor(normal(4096, 512, dtype=np.float32)).T + Tensor(normal(4096, dtype=np.float32))).relu()]
   programs += [x32 @ w32, (x32 @ Tensor(normal(512, 256, dtype=np.float32)).T).relu(), conv_case(np.float16, bias=True)[0],
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
   sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 6
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 8
+  assert sum("g_wgmma_tile<float," in k for k in kernels) == 2
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
@@ -377,9 +380,15 @@ def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
   assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([src])   # (with the kernel that uses it)
+  # a product that gives every multiprocessor a 128x256 block: wgmma (k8 each), its B transposed to K-major as copied
+  big = cuda_text(Tensor(normal(2048, 512, dtype=np.float32)) @ Tensor(normal(512, 4096, dtype=np.float32)))
+  assert "g_wgmma_tile<float, 128, 256, 4, false, 512, 512LL, 4096LL>" in big
+  assert dynamic_shared_bytes(big, big.split(" void ")[1].split("(")[0]) == 4 * (128 + 256) * 32 * 4 + 1024
+  assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in renderer.source([big])
   # the switch off again: strict float32 (that no cached kernel of the other setting is reused: the test of switches)
   monkeypatch.setenv("GRAFT_TF32", "0")
   assert "g_mma_tile" not in cuda_text(make())
+  assert "mma_tile" not in cuda_text(Tensor(normal(2048, 512, dtype=np.float32)) @ Tensor(normal(512, 4096, dtype=np.float32)))
 
 
 def test_tf32_products_in_the_model_grid(monkeypatch):
@@ -392,6 +401,10 @@ def test_tf32_products_in_the_model_grid(monkeypatch):
   got, specs = on_model_grid(Tensor(a) @ Tensor(v).T, monkeypatch)
   assert specs[0].b_along_k
   assert_allclose(got, a @ v.T, rtol=1e-4, atol=1e-4)
+  x, y = (rng.standard_normal(s).astype(np.float32) for s in ((256, 64), (64, 512)))
+  got, specs = on_model_grid(Tensor(x) @ Tensor(y), monkeypatch, multiprocessors=4)   # 2 x 2 blocks of 128x256
+  assert specs[0].wgmma and (specs[0].bm, specs[0].bn, specs[0].bk) == (128, 256, 32)
+  assert_allclose(got, x @ y, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- convolutions: implicit products
@@ -592,6 +605,18 @@ def test_half_convolutions_on_warpgroup_mma_on_the_gpu_match_numpy(gpu, stride, 
   src = t.kernel_sources()[-1]
   assert ("g_wgmma_tile<" in src) == (gpu.arch.startswith("sm_90")) and "decltype(mma" in src   # 144 blocks, gathered
   assert rel_err(t.numpy().astype(np.float64), want) < 2e-3
+
+
+@pytest.mark.parametrize("m, k, n, transposed", [(2048, 512, 4096, False), (2048, 512, 4096, True),
+                                                 (1024, 32, 2304, False), (1024, 96, 2304, True)])   # one slice; 128x128
+def test_tf32_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, monkeypatch):
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  a = normal(m, k, dtype=np.float32, seed=1)
+  w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
+  tw = Tensor(w, device="CUDA")
+  out = Tensor(a, device="CUDA") @ (tw.T if transposed else tw)
+  assert ("g_wgmma_tile<float," in cuda_text(out)) == gpu.arch.startswith("sm_90")
+  assert rel_err(out.numpy(), a @ (w.T if transposed else w)) < 5e-3   # operands with 10 bits of mantissa
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [
