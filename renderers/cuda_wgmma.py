@@ -73,6 +73,8 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
 }
 /* the block's index, read once (a second read after the product made ptxas serialize every wgmma: C7514) */
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
+/* element c (a constant once unrolled) of a float4 held in registers */
+__device__ __forceinline__ float g_part(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
@@ -124,22 +126,45 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
           g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
         }
       }
-    } else {
-      /* float32 B along j, to K-major: element by element (4-byte cp.async); a warp takes 4 k by 8 columns, which land
-         in 32 different banks (column n's row, chunk (k / 4) ^ (n % 8), word k % 4) and read 4 rows of 32 bytes */
-      static_assert(THREADS / 32 == BK / 4, "a warp per 4 rows of k");
-      const int k = (tid >> 5) * 4 + (tid & 3), n = (tid >> 2) & 7;   /* this thread's k, and its first column */
-      unsigned char* dst = sb + n * 128 + (((k >> 2) ^ n) << 4) + (k & 3) * 4;
-      const T* src = B + (k0 + k) * LDB + n;
+    }
+  };
+  /* a float32 B along j (TF32), to K-major: through registers, one slice ahead of its stores. A thread reads blocks of 4
+     k by 4 columns (4 16-byte loads: a warp's load covers 4 rows of 128 bytes) and stores each column's 4 k as one 16-byte
+     chunk (column n's row, chunk (k / 4) ^ (n % 8)); lane r of a quarter warp takes k chunk (r % 4) + 4 (warp % 2) and
+     column block r / 4 + (even), so its 8 stores land on 8 different chunk positions: no bank conflict */
+  constexpr int BT = B_KMAJOR && !B_ALONG_K ? BN / 4 / (THREADS / 8) : 1;   /* a thread's blocks per slice */
+  static_assert(B_ALONG_K || E == 2 || ((BN / 4) % (THREADS / 8) == 0 && THREADS % 64 == 0), "B's blocks in whole turns");
+  const int bkc = (tid & 3) + 4 * ((tid >> 5) & 1);   /* this thread's chunk of 4 k */
+  const int bcg = ((tid >> 2) & 1) + 2 * ((tid >> 3) & 3) + 8 * (tid >> 6);   /* its first block of 4 columns */
+  float4 breg[BT][4];
+  auto fetch = [&](int k0) {   /* slice k0's blocks into registers */
+    if constexpr (B_KMAJOR && !B_ALONG_K) {
 #pragma unroll
-      for (int t = 0; t < BN / 8; t++) g_copy1((float*)(dst + t * 1024), (const float*)(src + t * 8));   /* columns n + 8t */
+      for (int t = 0; t < BT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+          breg[t][i] = *reinterpret_cast<const float4*>(B + (k0 + bkc * 4 + i) * LDB + (bcg + t * (THREADS / 8)) * 4);
+    }
+  };
+  auto put = [&](int stage) {   /* ... and from registers into the stage, transposed */
+    if constexpr (B_KMAJOR && !B_ALONG_K) {
+      unsigned char* sb = smem + stage * STAGE + A_BYTES;
+#pragma unroll
+      for (int t = 0; t < BT; t++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int n = (bcg + t * (THREADS / 8)) * 4 + c;
+          *reinterpret_cast<float4*>(sb + n * 128 + ((bkc ^ (n & 7)) << 4)) =   /* breg[t][i]: k 4 bkc + i */
+            make_float4(g_part(breg[t][0], c), g_part(breg[t][1], c), g_part(breg[t][2], c), g_part(breg[t][3], c));
+        }
     }
   };
 #pragma unroll
   for (int s = 0; s < AHEAD; s++) {
-    if (s < KT) load(s, s * BK);
+    if (s < KT) { load(s, s * BK); fetch(s * BK); put(s); }
     g_cp_async_commit();
   }
+  if (AHEAD < KT) fetch(AHEAD * BK);
   for (int kt = 0; kt < KT; kt++) {
     g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -153,7 +178,12 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       g_wgmma_op<T, BN>::template run<B_KMAJOR ? 0 : 1>(acc, da + kk * 2, db + (B_KMAJOR ? kk * 2 : kk * KSTEP * 8));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
-    if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
+    /* (a float32 B along j: this slice's from registers, and the next one's loads) */
+    if (kt + AHEAD < KT) {
+      load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
+      put((kt + AHEAD) % STAGES);
+      if (kt + AHEAD + 1 < KT) fetch((kt + AHEAD + 1) * BK);
+    }
     g_cp_async_commit();
     if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
     else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */
