@@ -137,8 +137,11 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   const int bkc = (tid & 3) + 4 * ((tid >> 5) & 1);   /* this thread's chunk of 4 k */
   const int bcg = ((tid >> 2) & 1) + 2 * ((tid >> 3) & 3) + 8 * (tid >> 6);   /* its first block of 4 columns */
   float4 breg[BT][4];
-  auto fetch = [&](int k0) {   /* slice k0's blocks into registers */
+  auto fetch = [&](int k0) {   /* slice k0's blocks into registers; the next slice's lines asked into L2 */
     if constexpr (B_KMAJOR && !B_ALONG_K) {
+      static_assert(BN <= THREADS, "a line of the next slice per thread");
+      if (k0 + BK < K && tid < BN)   /* (registers hold one slice ahead, less than a load from memory takes) */
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(B + (k0 + BK + tid / (BN / 32)) * LDB + (tid % (BN / 32)) * 32));
 #pragma unroll
       for (int t = 0; t < BT; t++)
 #pragma unroll
