@@ -29,9 +29,11 @@ The template:
   barrier, as the tensor cores read shared memory through it.
 - ptxas keeps the groups in flight only where no other instruction touches the accumulators between a wgmma and the
   wait that retires it; otherwise it serializes every wgmma of the kernel (warning C7514). The accumulators are a fixed
-  array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block index
-  once, through `g_block_index()` (`wgmma_rules`): nvcc reads `%ctaid` again after the product where the epilogue uses
-  it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
+  array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block and
+  thread indices once, through `g_block_index()` and `g_thread_index()` (`wgmma_rules`): nvcc reads `%ctaid` or `%tid`
+  again after the product where the epilogue uses them, which alone made ptxas serialize (ptxas 13.0: `%ctaid` in
+  every product; `%tid` in some, such as one column of blocks over 9 or more slices, 16896x576 @ 576x128;
+  tests/test_tensor_cores.py compiles every kernel and checks).
 A gathered A (a channels-last convolution of 16-bit operands: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
 (`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
@@ -71,8 +73,10 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
          | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
-/* the block's index, read once (a second read after the product made ptxas serialize every wgmma: C7514) */
+/* the block's and the thread's index, each read once (a second read after the product, which nvcc makes where the
+   epilogue uses them, made ptxas serialize every wgmma: C7514) */
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
+__device__ __forceinline__ int g_thread_index() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 /* element c (a constant once unrolled) of a float4 held in registers */
 __device__ __forceinline__ float g_part(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
@@ -208,7 +212,8 @@ def render_wgmma(ctx, m: UOp, gather: str = "") -> str:
 def holds_wgmma(linear: UOp) -> bool: return any(u.op is Ops.MMA and u.arg.wgmma for u in linear.src)
 
 
-# (before the CUDA renderer's own rules, in a kernel that holds wgmma) its block index through g_block_index()
+# (before the CUDA renderer's own rules, in a kernel that holds wgmma) its block and thread indices, each read once
 wgmma_rules = PatternMatcher([
-  (UPat(Ops.SPECIAL, name="s"), lambda s: "g_block_index()" if s.arg[0][0] == "g" else None, "render_wgmma_block_index"),
+  (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "g_block_index()", "l": "g_thread_index()"}.get(s.arg[0][0]),
+   "render_wgmma_indices"),
 ], name="render.cuda_wgmma")

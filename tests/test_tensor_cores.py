@@ -221,7 +221,8 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
               Tensor(normal(4, 128, 64)) @ Tensor(normal(4, 64, 128)),
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
-              *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0]]   # (a conv on wgmma)
+              *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0],   # (a conv on wgmma)
+              Tensor(normal(16896, 576)) @ Tensor(normal(576, 128))]   # one column of blocks, 9 slices (C7514 below)
   monkeypatch.delenv("GRAFT_TF32", raising=False)   # a strict float32 convolution: the FMA tile
   strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
@@ -234,7 +235,7 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   # (a float32 product: also its split reduction's kernels)
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 8
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 9
   assert sum("g_wgmma_tile<float," in k for k in kernels) == 2
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
@@ -242,7 +243,8 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   src.write_text(renderer.source(kernels))
   printed = cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
   # ptxas keeps a wgmma group in flight across steps only where nothing else touches the accumulators meanwhile;
-  # otherwise it serializes every wgmma of the kernel and says so (C7514): the plain, epilogue and batched ones alike
+  # otherwise it serializes every wgmma of the kernel and says so (C7514): the plain, epilogue and batched ones alike,
+  # and one column of blocks (where threadIdx.x, read again after the product, had made it serialize)
   assert "C7514" not in printed and "serialized" not in printed, printed
   assert out.stat().st_size > 0
 
@@ -564,7 +566,7 @@ def test_a_float16_transformer_layer_on_tensor_cores_matches_the_cpus_answer(gpu
 @pytest.mark.parametrize("m, k, n, transposed, dtype", [
   (2048, 512, 4096, False, "float16"), (2048, 64, 4096, False, "float16"),   # one slice of k: fewer than the stages
   (2048, 1024, 4096, True, "float16"), (1024, 192, 2304, False, "float16"), (1024, 256, 2304, True, "bfloat16"),
-  (2048, 320, 4096, False, "bfloat16")])
+  (2048, 320, 4096, False, "bfloat16"), (16896, 576, 128, False, "float16")])   # (one column of blocks)
 def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
   a = normal(m, k, dtype=np.float32, seed=1)
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
@@ -608,7 +610,8 @@ def test_half_convolutions_on_warpgroup_mma_on_the_gpu_match_numpy(gpu, stride, 
 
 
 @pytest.mark.parametrize("m, k, n, transposed", [(2048, 512, 4096, False), (2048, 512, 4096, True),
-                                                 (1024, 32, 2304, False), (1024, 96, 2304, True)])   # one slice; 128x128
+                                                 (1024, 32, 2304, False), (1024, 96, 2304, True),   # one slice; 128x128
+                                                 (1024, 1024, 2304, False)])
 def test_tf32_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, monkeypatch):
   monkeypatch.setenv("GRAFT_TF32", "1")
   a = normal(m, k, dtype=np.float32, seed=1)
