@@ -5,8 +5,9 @@ whose TileSpec has `wgmma` set.
 prelude below (added to a source only when one of its kernels calls it; runtime/cuda.py then builds the source for
 sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; warpgroup g computes rows 64g..64g+63 of
 the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
-shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands:
-every byte offset below is the same (a slice is 128 bytes of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
+shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands
+with B along k (TF32's wgmma reads only K-major operands): every byte offset below is the same (a slice is 128 bytes
+of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
 The template:
 - copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
   `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
@@ -15,9 +16,6 @@ The template:
   - A (K-major: a row of A is contiguous along k): row i of the tile is row i of the slice; descriptor SBO = 1024 (the
     next 8 rows), LBO unused; the 4 steps of 16 along k start 32 bytes apart inside the swizzled row;
   - B along k (K-major too, a transposed weight x @ W.T): the same, a row per column j;
-  - a float32 B along j: TF32's wgmma reads only K-major operands, so it is stored as B along k is, transposed as it
-    is copied: element by element (4-byte cp.async), a warp taking 4 k by 8 columns so that its stores fall in 32
-    different banks;
   - a 16-bit B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
     each block per k); SBO = 1024 (the next 8 rows of k), LBO = 64 x 128 bytes (the next block of 64 columns); the
     steps of 16 along k start 2048 bytes apart;
@@ -77,8 +75,6 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
    epilogue uses them, made ptxas serialize every wgmma: C7514) */
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 __device__ __forceinline__ int g_thread_index() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
-/* element c (a constant once unrolled) of a float4 held in registers */
-__device__ __forceinline__ float g_part(const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
@@ -86,8 +82,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   /* a slice: 128 bytes of k (a swizzled row); a chunk: 16 bytes; one wgmma: 32 bytes of k */
   constexpr int E = sizeof(T), BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
   constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
-  /* B K-major in shared memory: stored along k, or float32 (TF32 reads only K-major operands) transposed as copied */
-  constexpr bool B_KMAJOR = B_ALONG_K || E == 4;
+  static_assert(E == 2 || B_ALONG_K, "TF32's wgmma reads only K-major operands: a float32 B is stored along k");
   static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
   static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
   /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
@@ -118,79 +113,37 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
       g_cp_async16(sa + row * 128 + ((chunk ^ (row & 7)) << 4), a + (MATRIX ? row * LDA : roff[t]));
     }
-    if constexpr (B_ALONG_K || E == 2) {
 #pragma unroll
-      for (int t = 0; t < BN * 8 / THREADS; t++) {
-        const int c = tid + t * THREADS;
-        if (B_ALONG_K) {
-          const int row = c >> 3, chunk = c & 7;
-          g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
-        } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
-          const int row = c / (BN / 8), chunk = c % (BN / 8);
-          g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
-        }
+    for (int t = 0; t < BN * 8 / THREADS; t++) {
+      const int c = tid + t * THREADS;
+      if (B_ALONG_K) {
+        const int row = c >> 3, chunk = c & 7;
+        g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
+      } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
+        const int row = c / (BN / 8), chunk = c % (BN / 8);
+        g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
       }
-    }
-  };
-  /* a float32 B along j (TF32), to K-major: through registers, one slice ahead of its stores. A thread reads blocks of 4
-     k by 4 columns (4 16-byte loads: a warp's load covers 4 rows of 128 bytes) and stores each column's 4 k as one 16-byte
-     chunk (column n's row, chunk (k / 4) ^ (n % 8)); lane r of a quarter warp takes k chunk (r % 4) + 4 (warp % 2) and
-     column block r / 4 + (even), so its 8 stores land on 8 different chunk positions: no bank conflict */
-  constexpr int BT = B_KMAJOR && !B_ALONG_K ? BN / 4 / (THREADS / 8) : 1;   /* a thread's blocks per slice */
-  static_assert(B_ALONG_K || E == 2 || ((BN / 4) % (THREADS / 8) == 0 && THREADS % 64 == 0), "B's blocks in whole turns");
-  const int bkc = (tid & 3) + 4 * ((tid >> 5) & 1);   /* this thread's chunk of 4 k */
-  const int bcg = ((tid >> 2) & 1) + 2 * ((tid >> 3) & 3) + 8 * (tid >> 6);   /* its first block of 4 columns */
-  float4 breg[BT][4];
-  auto fetch = [&](int k0) {   /* slice k0's blocks into registers; the next slice's lines asked into L2 */
-    if constexpr (B_KMAJOR && !B_ALONG_K) {
-      static_assert(BN <= THREADS, "a line of the next slice per thread");
-      if (k0 + BK < K && tid < BN)   /* (registers hold one slice ahead, less than a load from memory takes) */
-        asm volatile("prefetch.global.L2 [%0];" :: "l"(B + (k0 + BK + tid / (BN / 32)) * LDB + (tid % (BN / 32)) * 32));
-#pragma unroll
-      for (int t = 0; t < BT; t++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-          breg[t][i] = *reinterpret_cast<const float4*>(B + (k0 + bkc * 4 + i) * LDB + (bcg + t * (THREADS / 8)) * 4);
-    }
-  };
-  auto put = [&](int stage) {   /* ... and from registers into the stage, transposed */
-    if constexpr (B_KMAJOR && !B_ALONG_K) {
-      unsigned char* sb = smem + stage * STAGE + A_BYTES;
-#pragma unroll
-      for (int t = 0; t < BT; t++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int n = (bcg + t * (THREADS / 8)) * 4 + c;
-          *reinterpret_cast<float4*>(sb + n * 128 + ((bkc ^ (n & 7)) << 4)) =   /* breg[t][i]: k 4 bkc + i */
-            make_float4(g_part(breg[t][0], c), g_part(breg[t][1], c), g_part(breg[t][2], c), g_part(breg[t][3], c));
-        }
     }
   };
 #pragma unroll
   for (int s = 0; s < AHEAD; s++) {
-    if (s < KT) { load(s, s * BK); fetch(s * BK); put(s); }
+    if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
-  if (AHEAD < KT) fetch(AHEAD * BK);
   for (int kt = 0; kt < KT; kt++) {
     g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
     const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-    const unsigned long long db = B_KMAJOR ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+    const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-      g_wgmma_op<T, BN>::template run<B_KMAJOR ? 0 : 1>(acc, da + kk * 2, db + (B_KMAJOR ? kk * 2 : kk * KSTEP * 8));
+      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
-    /* (a float32 B along j: this slice's from registers, and the next one's loads) */
-    if (kt + AHEAD < KT) {
-      load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
-      put((kt + AHEAD) % STAGES);
-      if (kt + AHEAD + 1 < KT) fetch((kt + AHEAD + 1) * BK);
-    }
+    if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
     g_cp_async_commit();
     if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
     else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */

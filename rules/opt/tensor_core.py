@@ -31,8 +31,8 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
   and j's tile sizes and the k loops' slice.
 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64;
-TF32_WGMMA_TILES for TF32: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
-warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
+TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
+rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
 warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
 mma.sync.
 
@@ -77,8 +77,10 @@ TF32_TILES = TILES
 # ones gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
 # mma.sync's 0.109): other gathered operands (TF32's) take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
-# float32 (TF32, GRAFT_TF32=1) on wgmma: the same tiles, slices of 32 floats (128 bytes too; a float32 B stored along
-# j is transposed element by element as it is copied, TF32's wgmma reading only K-major operands)
+# float32 (TF32, GRAFT_TF32=1) on wgmma: the same tiles, slices of 32 floats (128 bytes too), B stored along k only
+# (TF32's wgmma reads only K-major operands). H100, 4096^3: x @ W.T 0.424 ms (cuBLAS TF32 0.343-0.357); x @ W, its B
+# transposed to K-major as copied, was no faster than mma.sync (4-byte cp.async 0.730 ms, 16-byte loads through
+# registers 0.737, with an L2 prefetch 0.744, 128x128 tiles 0.848; mma.sync 0.713), so a B along j keeps mma.sync
 TF32_WGMMA_TILES = tuple((bm, bn, wm, wn, bk // 2, stages) for bm, bn, wm, wn, bk, stages in WGMMA_TILES)
 WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
@@ -300,7 +302,8 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   # (a tile within the GPU's shared memory: sm_86, sm_89 and sm_120 allow a block 99 KiB)
   wgmma = [spec(t, True) for t in (WGMMA_TILES if itemsize == 2 else TF32_WGMMA_TILES) if divides(t) and blocks(t) >= multiprocessors
            and spec(t, True).shared_bytes <= max_shared(arch)] \
-    if arch == "sm_90" and not fma and (gather is None or gather.chunked and itemsize == 2) and not tile_text() and wgmma_enabled() else []
+    if arch == "sm_90" and (gather is None or gather.chunked) and (itemsize == 2 or gather is None and b_along_k) \
+    and not tile_text() and wgmma_enabled() else []
   fits = [spec(t, False) for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if tile_text() and fits and fits[0].shared_bytes > max_shared(arch):
     raise ValueError(f"GRAFT_TC_TILE={tile_text()!r}: its tiles need {fits[0].shared_bytes} bytes of shared memory, more than a "
