@@ -6,6 +6,8 @@ minimal reproduction of every failure.
   python3 bench/fuzz.py --count 2000 --cuda-compile   # no GPU: their kernels rendered for CUDA, compiled by nvcc
   python3 bench/fuzz.py --count 1000 --sanitize       # kernels built with -fsanitize=address,undefined
   python3 bench/fuzz.py --count 1000 --twice          # each program again on new data: the warm call checked
+  python3 bench/fuzz.py --count 500 --patterns        # programs around attention, linear layers, norms before products
+  GRAFT_ATTENTION=1 python3 bench/fuzz.py --count 500 --patterns   # attention fused at every size
 
 Programs run `--batch` at a time in one realize (one compile; outputs of one shape may fuse into one kernel, which is
 itself worth testing); a batch with a failure is run again one program at a time to find it, and each failing
@@ -33,20 +35,20 @@ def sanitized_env() -> dict[str, str]:
 
 
 def run(count: int, seed: int, batch: int, shrink_failures: bool, jobs: int = 1, out=sys.stdout,
-        twice: bool = False) -> collections.Counter:
+        twice: bool = False, patterns: bool = False) -> collections.Counter:
   t0 = time.perf_counter()
   if jobs > 1:   # seeds split into `jobs` processes (a GPU machine's compiles run side by side)
     import concurrent.futures, multiprocessing
     bounds = [seed + count * j // jobs for j in range(jobs + 1)]
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-      parts = list(pool.map(_run_part, [(lo, hi - lo, batch, shrink_failures, twice) for lo, hi in zip(bounds, bounds[1:])]))
+      parts = list(pool.map(_run_part, [(lo, hi - lo, batch, shrink_failures, twice, patterns) for lo, hi in zip(bounds, bounds[1:])]))
     tally, ops, reports = collections.Counter(), collections.Counter(), []
     for t, o, r in parts: tally += t; ops += o; reports += r
-  else: tally, ops, reports = _run_part((seed, count, batch, shrink_failures, twice))
+  else: tally, ops, reports = _run_part((seed, count, batch, shrink_failures, twice, patterns))
   for r in reports: print(r, file=out)
   device = os.environ.get("DEVICE", "CPU")
   print(f"\n{count} programs (seeds {seed}..{seed + count - 1}) on {device}"
-        f"{' with sanitizers' if os.environ.get('GRAFT_SANITIZE') == '1' else ''}{', each twice' if twice else ''}, "
+        f"{' with sanitizers' if os.environ.get('GRAFT_SANITIZE') == '1' else ''}{', each twice' if twice else ''}{', around model patterns' if patterns else ''}, "
         f"batches of {batch}: "
         f"{tally['ok']} ok, {tally['mismatch']} mismatch, {tally['error']} error"
         f"{', %d batch-only failures' % tally['batch only'] if tally['batch only'] else ''} in {time.perf_counter() - t0:.0f} s"
@@ -57,7 +59,7 @@ def run(count: int, seed: int, batch: int, shrink_failures: bool, jobs: int = 1,
 
 def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]]:
   """Programs seed..seed+count-1: (tally, nodes by op, a report of each failure)."""
-  seed, count, batch, shrink_failures, twice = args
+  seed, count, batch, shrink_failures, twice, patterns = args
   run_program = run_program_twice if twice else run_once
   tally: collections.Counter = collections.Counter()
   ops: collections.Counter = collections.Counter()
@@ -65,7 +67,7 @@ def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]
   for start in range(seed, seed + count, batch):
     if (start - seed) % 500 < batch and start > seed:   # a long run says how far it is (stderr: not in the tally)
       print(f"seeds {seed}..{start - 1} done: {dict(tally)}", file=sys.stderr, flush=True)
-    programs = {s: Generator(s).program() for s in range(start, min(start + batch, seed + count))}
+    programs = {s: draw(s, patterns) for s in range(start, min(start + batch, seed + count))}
     for p in programs.values():
       for n in names_of(p): ops[op_name(n)] += 1
     whole = run_program([o for p in programs.values() for o in p]) if batch > 1 else None
@@ -87,7 +89,12 @@ def _run_part(args) -> tuple[collections.Counter, collections.Counter, list[str]
   return tally, ops, reports
 
 
-def compile_for_cuda(count: int, seed: int, batch: int, out=sys.stdout) -> int:
+def draw(seed: int, patterns: bool) -> list:
+  """Program `seed`: of the whole API, or (`patterns`) around one pattern of a model (tests/fuzz_programs.py)."""
+  return Generator(seed).pattern_program() if patterns else Generator(seed).program()
+
+
+def compile_for_cuda(count: int, seed: int, batch: int, out=sys.stdout, patterns: bool = False) -> int:
   """Without a GPU: the kernels of the programs rendered for CUDA and compiled by nvcc for sm_90, `batch` programs
   per nvcc call (setitem and assign still run on the CPU). Returns the number of nvcc failures."""
   from runtime.realize import kernel_sources
@@ -96,7 +103,7 @@ def compile_for_cuda(count: int, seed: int, batch: int, out=sys.stdout) -> int:
   from tests.fuzz_programs import tensor_values
   failed, t0 = 0, time.perf_counter()
   for start in range(seed, seed + count, batch):
-    programs = {s: Generator(s).program() for s in range(start, min(start + batch, seed + count))}
+    programs = {s: draw(s, patterns) for s in range(start, min(start + batch, seed + count))}
     outs = [(tensor_values(p)[o], o) for p in programs.values() for o in p]
     sources = kernel_sources([(t.uop, t.device) for t, _ in outs if not t.is_realized], "CUDA")
     try: compile_cuda(renderer.source(list(dict.fromkeys(sources))))
@@ -119,14 +126,16 @@ def main():
                                                               "compile them with nvcc (nothing runs)")
   ap.add_argument("--twice", action="store_true", help="run each program again on new inputs (a warm call: what the "
                                                        "first call compiled and recorded is reused) and check that too")
+  ap.add_argument("--patterns", action="store_true", help="programs around the patterns models are made of "
+                                                          "(attention, a linear layer's epilogue, a norm before a product)")
   ap.add_argument("--sanitize", action="store_true", help="run again in a process whose kernels are built with "
                                                           "-fsanitize=address,undefined (GRAFT_SANITIZE=1)")
   args = ap.parse_args()
   if args.sanitize and os.environ.get("GRAFT_SANITIZE") != "1":
     argv = [a for a in sys.argv[1:] if a != "--sanitize"]
     sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *argv], env=sanitized_env()).returncode)
-  if args.cuda_compile: sys.exit(1 if compile_for_cuda(args.count, args.seed, max(1, args.batch)) else 0)
-  tally = run(args.count, args.seed, max(1, args.batch), not args.no_shrink, max(1, args.jobs), twice=args.twice)
+  if args.cuda_compile: sys.exit(1 if compile_for_cuda(args.count, args.seed, max(1, args.batch), patterns=args.patterns) else 0)
+  tally = run(args.count, args.seed, max(1, args.batch), not args.no_shrink, max(1, args.jobs), twice=args.twice, patterns=args.patterns)
   sys.exit(0 if tally["ok"] == args.count and not tally["batch only"] else 1)
 
 

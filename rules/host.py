@@ -113,8 +113,16 @@ def is_intermediate(ctx: HostContext, b: UOp) -> bool:
 def _reads_only_where_it_writes(k: UOp, st: UOp, target: UOp, view: View) -> bool:
   """Every read of `target` in kernel k is of the element store `st` writes at the same index: an elementwise use of
   VIEW(target, view), one that st's own value makes (the other stores of a kernel of several may use it too: it is
-  one load). Then each element is read before it is written, by the same iteration: st's value needs the load."""
+  one load), reached from st's value through elementwise ops alone (a view or a reduction on the way reads it at other
+  indices: `x.assign((x + 1).flip(0))`). Then each element is read before it is written, by the same iteration:
+  st's value needs the load."""
   own = set(st.src[1].toposort)
+  reaches: set[UOp] = set()   # st's nodes computed from a read of target
+  for n in st.src[1].toposort:
+    if n.op is Ops.VIEW and n.src[0] is target: reaches.add(n)
+    elif any(s in reaches for s in n.src):
+      if n.op not in GroupOp.Elementwise: return False
+      reaches.add(n)
   for n in k.toposort:
     for s in n.src:
       if s.op is Ops.VIEW and s.src[0] is target and (s.arg != view or s not in own or

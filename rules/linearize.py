@@ -2,7 +2,8 @@
 
 Stage `linearize` (rule set `linearize_rules`): the loop-level graph `SINK(STORE...)` becomes `SINK` of an ordered
 instruction list, arg "linear": each loop is `RANGE ... END(RANGE)`, each node comes after its sources, inside the
-loops whose indices it uses and none nested in the innermost of them (loop-invariant work is hoisted), and each
+loops whose indices it uses and none nested in the innermost of them (loop-invariant work is hoisted; a reduction
+and what reads it run inside the loops around its loop), and each
 `REDUCE` becomes `DEFINE_ACC(REDUCE)` before its loops, `ASSIGN(REDUCE)` (acc = acc op value) at the end of its
 innermost loop, and the REDUCE itself (its result) after the loops. Reductions over the same loops (an unrolled
 tile) share one loop.
@@ -74,7 +75,16 @@ def loop_chains(sink: UOp) -> dict[UOp, tuple[UOp, ...]]:
     if r not in chains: chains[r] = chain(parent[r]) + (r,)
     return chains[r]
   innermost = {rs: chain(max(rs, key=order.__getitem__)) if rs else () for rs in dict.fromkeys(ranges.values())}
-  return {n: innermost[rs] for n, rs in ranges.items()}
+  # a reduction runs where its loop sits, and what reads it after it: reductions that share a loop but not the loops
+  # around it (an online softmax's running max, the same for every output its weighted sums make) run together
+  out: dict[UOp, tuple[UOp, ...]] = {}
+  for n in sink.toposort:
+    c = innermost[ranges[n]]
+    deps = [chain(parent[r]) for r in closed_loops(n)[:1]] if closed_loops(n) else [out[s] for s in n.src]
+    for d in deps:
+      if len(d) > len(c): c = d
+    out[n] = c
+  return out
 
 
 def closed_loops(n: UOp) -> tuple[UOp, ...]:

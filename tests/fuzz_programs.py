@@ -168,6 +168,46 @@ def _np_nn(name, axis, a):
   return out.astype(a.dtype)
 
 
+def _np_attention(args, q, k, v, mask=None):
+  """softmax(q @ kᵀ * scale, masked) @ v in float64, rounded once. A mask is added (`add`), filled in where true
+  (`fill`, args[2] the value), or causal: a position sees keys up to `args[2]` past its own (`causal`)."""
+  scale, kind, arg = args
+  s = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * scale
+  if kind == "add": s = s + mask
+  elif kind == "fill": s = np.where(mask, arg, s)
+  elif kind == "causal": s = np.where(np.tri(*s.shape[-2:], arg, dtype=bool), s, -np.inf)
+  e = np.exp(s - s.max(-1, keepdims=True))
+  return np.matmul(e / e.sum(-1, keepdims=True), v.astype(np.float64)).astype(q.dtype)
+
+
+def _attention_code(args, n):
+  scale, kind, arg = args
+  s = f"({n[0]} @ {n[1]}.transpose(-1, -2) * {scale!r})"
+  if kind == "add": s = f"({s} + {n[3]})"
+  elif kind == "fill": s = f"{s}.masked_fill({n[3]}, {arg!r})"
+  elif kind == "causal": s = f"{s}.masked_fill(Tensor.full({s}.shape[-2:], True).tril({arg}).logical_not(), float('-inf'))"
+  return f"({s}.softmax(-1) @ {n[2]})"
+
+
+def _np_linear(args, x, w, b, res=None):
+  """(x @ w + b), an activation, and a residual added: in float64, rounded once."""
+  y = np.matmul(x.astype(np.float64), w.astype(np.float64)) + b
+  y = {"none": y, "relu": np.maximum(y, 0), "gelu": _np_gelu(y), "silu": _np_silu(y)}[args[0]]
+  return (y if res is None else y + res).astype(x.dtype)
+
+
+def _linear_code(args, n):
+  y = f"({n[0]} @ {n[1]} + {n[2]})" + ("" if args[0] == "none" else f".{args[0]}()")
+  return f"({y} + {n[3]})" if len(n) > 3 else y
+
+
+def _np_norm_linear(args, x, w, g=None, b=None):
+  """layernorm(x) over the last axis (scaled and shifted when g, b), then @ w: float64, rounded once."""
+  y = _np_nn("layernorm", -1, x.astype(np.float64))
+  if g is not None: y = y * g + b
+  return np.matmul(y, w.astype(np.float64)).astype(x.dtype)
+
+
 def _sum_dtype(dt: np.dtype) -> np.dtype: return dt if dt.kind == "f" or dt == np.int64 else np.dtype(np.int32)
 
 
@@ -209,6 +249,12 @@ OPS = {
   "masked_fill": (lambda args, n: f"{n[0]}.masked_fill({n[1]}, {args[0]!r})", lambda args, a, m: np.where(m, np.asarray(args[0], a.dtype), a)),
   "gather": (lambda args, n: f"{n[0]}.gather({args[0]}, {n[1]})", lambda args, a, i: np.take_along_axis(a, i, args[0])),
   "take": (lambda args, n: f"{n[0]}[{n[1]}]", lambda args, a, i: a[i]),
+  # the patterns whole models are made of, which the compiler recognizes and fuses (attention, a linear layer with
+  # its epilogue, a layer norm read by a product): at sizes past the tiles of the kernels they become
+  "attention": (_attention_code, lambda args, q, k, v, *m: _np_attention(args, q, k, v, *m)),
+  "linear": (_linear_code, lambda args, x, w, b, *res: _np_linear(args, x, w, b, *res)),
+  "norm_linear": (lambda args, n: f"({n[0]}.layernorm(-1){f' * {n[2]} + {n[3]}' if len(n) > 2 else ''} @ {n[1]})",
+                  lambda args, x, w, *gb: _np_norm_linear(args, x, w, *gb)),
 }
 # inplace: args (index or None for assign, target dtype[, scalar value]); its value is the target itself, written
 OPS["inplace"] = (lambda args, n, out: [f"{n[0]}[{_index_code(args[0])}] = {n[1] if len(n) > 1 else repr(args[2])}"
@@ -439,9 +485,9 @@ class Generator:
     lo, hi = (0, 1) if dtype == "bool" else (0 if dtype == "uint8" else -5, 5) if exact else (-6, 6)
     return Node("input", (shape, dtype, r.randrange(1 << 20), exact), (), shape, dtype, exact, lo, hi)
 
-  def program(self, steps: int | None = None):
+  def program(self, steps: int | None = None, pool: list | None = None):
     r = self.rng
-    pool = [self.leaf() for _ in range(r.choice([1, 2, 2, 3]))]
+    pool = pool or [self.leaf() for _ in range(r.choice([1, 2, 2, 3]))]
     for _ in range(steps if steps is not None else r.randint(3, 10)):
       for _attempt in range(20):
         node = self.step(pool)
@@ -450,6 +496,18 @@ class Generator:
           break
     outs = [pool[-1]] + ([r.choice(pool[:-1])] if len(pool) > 1 and r.random() < 0.3 else [])
     return [o for i, o in enumerate(outs) if o not in outs[:i]]
+
+  def pattern_program(self):
+    """A program around one pattern a model is made of (attention, a linear layer's epilogue, a norm's prologue),
+    with a few random steps after it: what the fusing rules see most."""
+    r = self.rng
+    pool = [self.leaf()]
+    for _attempt in range(50):
+      try:
+        pool.append(getattr(self, "_" + r.choice(["attention", "attention", "linear", "norm_linear"]))(pool[0], pool))
+        break
+      except _Skip: continue
+    return self.program(r.randint(0, 3), pool)
 
   def step(self, pool):
     r = self.rng
@@ -704,7 +762,8 @@ class Generator:
 
   # -- the operations a model script needs (issue 21)
   def model(self, x, pool):
-    kind = self.rng.choice(["nn", "nn", "cumsum", "triangle", "masked_fill", "gather", "take"])
+    kind = self.rng.choice(["nn", "nn", "nn", "cumsum", "triangle", "masked_fill", "gather", "take", "attention", "linear",
+                            "norm_linear"])
     if not x.shape or 0 in x.shape: raise _Skip()
     return getattr(self, "_" + kind)(x, pool)
 
@@ -756,6 +815,71 @@ class Generator:
     r = self.rng
     shape = tuple(r.choice([1, 2, 3, 5]) for _ in range(r.choice([0, 1, 1, 2])))
     return self._node("take", (), (x, self._index_tensor(shape, x.shape[0], r.random() < 0.3)), x.exact, x.lo, x.hi)
+
+  def _float_leaf(self, shape, dtype, bound=6.0):
+    """An input of floats of `dtype` whose values lie within +-bound (exact small integers or not)."""
+    leaf = self.leaf(shape, dtype)
+    if leaf.op == "full" or max(abs(leaf.lo), abs(leaf.hi)) > bound: raise _Skip()
+    return leaf
+
+  def _model_dtype(self, x):
+    return x.dtype if x.dtype in FLOATS else self.rng.choice(("float32", "float32", "float16", "float64"))
+
+  def _attention(self, x, pool):
+    """softmax(q @ kᵀ * scale + mask) @ v over heads, lengths and head sizes past a kernel's tiles, q often x. The
+    scale keeps every score within +-20 (+-6 in float16), where the tolerance holds; a causal mask always leaves a
+    row a key (a fully masked row is NaN in numpy and torch alike, and is no model's)."""
+    r = self.rng
+    dt = self._model_dtype(x)
+    if x.dtype == dt and len(x.shape) >= 2 and r.random() < 0.4: q = x
+    else: q = self._float_leaf(tuple(r.choice([1, 2, 3]) for _ in range(r.choice([0, 1, 2]))) +
+                               (r.choice([1, 2, 5, 8, 17, 33, 64]), r.choice([1, 3, 8, 16, 17, 32, 64])), dt)
+    *batch, tq, d = q.shape
+    tk = r.choice([1, 3, 8, 17, 31, 64, 65, 130])
+    k = self._float_leaf((*batch[r.randint(0, len(batch)):], tk, d), dt)
+    v = self._float_leaf((*k.shape[:-1], r.choice([1, 4, 16, 17, 64])), dt)
+    worst = max(abs(q.lo), abs(q.hi), 1e-3) * max(abs(k.lo), abs(k.hi), 1e-3) * d
+    scale = min(r.choice([1 / math.sqrt(d), 0.125, 0.5]), (6 if dt == "float16" else 20) / worst)
+    kind = r.choice(["none", "add", "fill", "causal", "causal"])
+    srcs = [q, k, v]
+    arg = None
+    if kind == "add": srcs.append(self._float_leaf((tq, tk)[r.randint(0, 1):] if r.random() < 0.8 else (tq, 1), dt, 5))
+    elif kind == "fill":
+      srcs.append(self.leaf((tq, tk)[r.randint(0, 1):], "bool"))
+      arg = r.choice([-1e4, -30.0, 0.0])
+    elif kind == "causal": arg = r.choice([0, 0, 2]) + max(tk - tq, 0) * (r.random() < 0.5)
+    lo, hi = min(v.lo, 0), max(v.hi, 0)
+    return self._node("attention", (scale, kind, arg), srcs, False, lo, hi)
+
+  def _linear(self, x, pool):
+    """(x @ W + b).act() (+ a residual): a product with its epilogue, at sizes past the register tiles and panels."""
+    r = self.rng
+    dt = self._model_dtype(x)
+    if x.dtype == dt and x.shape and x.shape[-1] <= 96 and r.random() < 0.4 and max(abs(x.lo), abs(x.hi)) <= 6: a = x
+    else: a = self._float_leaf((r.choice([1, 3, 8, 17, 33, 64, 65]), r.choice([1, 5, 16, 31, 64, 96])), dt)
+    n = r.choice([1, 4, 16, 24, 33, 64, 100])
+    w, b = self._float_leaf((a.shape[-1], n), dt), self._float_leaf((n,) if r.random() < 0.8 else (1,), dt)
+    act = r.choice(["none", "relu", "gelu", "silu"])
+    srcs = [a, w, b]
+    out = np.broadcast_shapes(a.shape[:-1] + (n,))
+    if r.random() < 0.4: srcs.append(self._float_leaf(out[r.randint(0, len(out) - 1):], dt))
+    m = max(abs(a.lo), abs(a.hi)) * max(abs(w.lo), abs(w.hi)) * a.shape[-1] + max(abs(b.lo), abs(b.hi)) + \
+      (max(abs(srcs[3].lo), abs(srcs[3].hi)) if len(srcs) > 3 else 0)
+    exact = act in ("none", "relu") and all(s.exact for s in srcs) and dt != "float16"
+    return self._node("linear", (act,), srcs, exact, -m, m)
+
+  def _norm_linear(self, x, pool):
+    """layernorm(x) (scaled and shifted or not) read by a product: the norm as the product's prologue."""
+    r = self.rng
+    dt = self._model_dtype(x)
+    if x.dtype == dt and x.shape and 2 <= x.shape[-1] <= 96 and r.random() < 0.4 and (x.exact or x.op == "input"): a = x
+    else: a = self._float_leaf((r.choice([1, 3, 8, 17, 64]), r.choice([2, 5, 16, 33, 64, 96])), dt)
+    if max(abs(a.lo), abs(a.hi)) > 20: raise _Skip()
+    kk, n = a.shape[-1], r.choice([1, 4, 16, 33, 64])
+    srcs = [a, self._float_leaf((kk, n), dt)]
+    if r.random() < 0.5: srcs += [self._float_leaf((kk,), dt, 2), self._float_leaf((kk,), dt, 2)]
+    m = (math.sqrt(kk) + 1) * (3 if len(srcs) > 2 else 1) * max(abs(srcs[1].lo), abs(srcs[1].hi)) * kk
+    return self._node("norm_linear", (), srcs, False, -m, m)
 
   def _index(self, shape):
     r = self.rng

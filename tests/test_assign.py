@@ -123,6 +123,10 @@ def test_a_value_that_views_the_target_is_read_before_the_write_and_views_it_aft
   lambda t, a: (t.reshape(3, 3).T.assign(t.reshape(3, 3)), a.reshape(3, 3).T.reshape(-1)),
   lambda t, a: (t.reshape(3, 3)[:, ::-1].__setitem__(slice(1, None), t.reshape(3, 3)[:2]),
                 np.concatenate([a[:3], a[:6].reshape(2, 3)[:, ::-1].reshape(-1)])),
+  # the value computed from the target, then moved: the view above the arithmetic (random programs found these wrong)
+  lambda t, a: (t.assign((t + 0).flip(0)), a[::-1].copy()),
+  lambda t, a: (t.assign(t.ceil().flip(0)), np.ceil(a)[::-1].copy()),
+  lambda t, a: (t.assign((t + 1).pad(((1, 0),))[:-1]), np.concatenate([[0], a[:-1] + 1])),
 ])
 def test_updates_whose_value_reads_the_target_match_numpy(update):
   a = arr(9)

@@ -150,6 +150,26 @@ def test_a_fully_masked_row_is_nan_as_in_numpy():
   np.testing.assert_allclose(np.delete(got[0], 2, 0), np.delete(attention(q, k, v, m)[0], 2, 0), rtol=2e-5, atol=2e-5)
 
 
+def test_scores_a_mask_fills_whole_are_the_same_for_every_row():
+  # a mask over every score leaves scores that depend on no query row: the running max and sum are still each row's
+  # (found by bench/fuzz.py --patterns: they were computed once, outside the rows' loops, and the kernel did not build)
+  q, k, v = randn(2, 3, 5, 1), randn(3, 130, 1), randn(3, 130, 17)
+  everywhere = Tensor.full((5, 130), True, dtype="bool")
+  for dev in ("CPU", "model GPU"):
+    t = (Tensor(q, device="CPU") @ Tensor(k, device="CPU").transpose(-1, -2) * 0.125).masked_fill(everywhere, 0.0).softmax(-1)
+    t = t @ Tensor(v, device="CPU")
+    got = t.numpy() if dev == "CPU" else run_on_model_gpu(t)[0]
+    np.testing.assert_allclose(got, np.broadcast_to(v.mean(-2, keepdims=True), (2, 3, 5, 17)), rtol=2e-5, atol=2e-5)
+
+
+def test_one_query_row_read_with_other_values_in_one_loop():
+  # one query row whose output is concatenated: the kernel's one loop runs over the head and what follows it, and the
+  # running max and sum, the same for all of it, share their loop with the weighted sums (bench/fuzz.py --patterns)
+  q, k, v = randn(1, 3), randn(3, 3), randn(3, 17)
+  t = (attention(Tensor(q), Tensor(k), Tensor(v), scale=0.125).reshape((17,))).cat(Tensor.full((2,), 2.0), axis=0)
+  np.testing.assert_allclose(t.numpy(), np.concatenate([attention(q, k, v, scale=0.125)[0], [2.0, 2.0]]), rtol=2e-5, atol=2e-5)
+
+
 def test_no_tq_by_tk_buffer_at_4096():
   q, k, v = (Tensor(np.zeros((1, 4096, 64), np.float32)) for _ in range(3))
   program = plan([(attention(q, k, v, Tensor(causal(4096, 4096))).uop, "CPU")])

@@ -30,6 +30,15 @@ def test_random_programs_called_again_on_new_data_agree_with_numpy(block):
   _check({s: Generator(s).program() for s in range(10_000 + block * BLOCK, 10_000 + (block + 1) * BLOCK)}, run_program_twice)
 
 
+@pytest.mark.parametrize("block", range(2))
+def test_programs_around_model_patterns_agree_with_numpy(block, monkeypatch):
+  # attention (fused here at every size), a linear layer with its epilogue, a norm read by a product: at sizes past
+  # the kernels' tiles, each followed by a few random steps, and each called again on new data
+  monkeypatch.setenv("GRAFT_ATTENTION", "1")
+  _check({s: Generator(s).pattern_program() for s in range(20_000 + block * BLOCK, 20_000 + (block + 1) * BLOCK)},
+         run_program_twice)
+
+
 def test_the_programs_cover_the_api():
   # what the fixed seeds exercise: every kind of node the generator knows, dtypes of every kind
   ops, dtypes = set(), set()
@@ -40,7 +49,8 @@ def test_the_programs_cover_the_api():
   for must in ("input", "full", "where", "matmul", "cat", "setitem", "assign", "reshape", "permute", "expand", "pad",
                "shrink", "flip", "getitem", "cast", "unary:exp", "unary:log", "unary:neg", "binary:add", "binary:lt",
                "scalar:sub", "reduce:sum", "reduce:max", "reduce:argmax", "unary:gelu", "nn:softmax", "nn:layernorm",
-               "nn:logsumexp", "cumsum", "triangle:tril", "masked_fill", "gather", "take"):
+               "nn:logsumexp", "cumsum", "triangle:tril", "masked_fill", "gather", "take", "attention", "linear",
+               "norm_linear"):
     assert must in ops, must
   assert {"float32", "float16", "float64", "int8", "uint8", "int32", "int64", "bool"} <= dtypes
 
