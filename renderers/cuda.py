@@ -13,9 +13,50 @@ import re
 from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from rules.gpu import launch_dims
+from runtime.cuda import SELF_CONTAINED
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE, holds_wgmma, wgmma_rules
+
+# What the kernels without half, bfloat16 or tensor cores use of CUDA's headers, declared here, so that nvcc compiles
+# their translation unit without cuda_runtime.h (runtime/cuda.py: a source that starts with SELF_CONTAINED). That
+# header is 1.3 MB once preprocessed: gcc and cicc spent 0.27 of the 0.31 s nvcc took for an empty kernel on it, and
+# a first call waits for it in every compile group. The qualifiers are the attributes cicc reads; the indices, the
+# barrier, the bit cast and the math functions are cicc's builtins, known by name (libdevice's code, as through the
+# headers); the shuffle splits a value into 32-bit words as the headers' does. Where cuda_runtime.h was included
+# after all (a plain `nvcc` of the source) the declarations step aside, so the source compiles both ways;
+# tests/test_cuda_declarations.py compares the two PTX.
+DECLARATIONS = SELF_CONTAINED + r"""
+#ifndef __CUDA_RUNTIME_H__
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __shared__ __attribute__((shared))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#define __align__(n) __attribute__((aligned(n)))
+#define G_BUILTIN __attribute__((device)) __attribute__((device_builtin))
+struct __attribute__((device_builtin)) uint3 { unsigned int x, y, z; };
+extern const G_BUILTIN uint3 threadIdx, blockIdx, blockDim;
+extern "C" {
+G_BUILTIN void __syncthreads(void);
+G_BUILTIN float __int_as_float(int);
+G_BUILTIN unsigned __nvvm_shfl_bfly_sync(unsigned, unsigned, unsigned, unsigned);
+G_BUILTIN float exp2f(float); G_BUILTIN double exp2(double);
+G_BUILTIN float log2f(float); G_BUILTIN double log2(double);
+G_BUILTIN float sinf(float); G_BUILTIN double sin(double);
+G_BUILTIN float sqrtf(float); G_BUILTIN double sqrt(double);
+G_BUILTIN float truncf(float); G_BUILTIN double trunc(double);
+G_BUILTIN float fmaf(float, float, float); G_BUILTIN double fma(double, double, double);
+}
+/* v of each lane exchanged with lane ^ o's, a 32-bit word at a time (a warp's 32 lanes) */
+template <class T> __device__ __forceinline__ T __shfl_xor_sync(unsigned mask, T v, int o) {
+  union { T v; unsigned w[sizeof(T) / 4]; } u;
+  u.v = v;
+  for (int i = 0; i < (int)(sizeof(T) / 4); i++) u.w[i] = __nvvm_shfl_bfly_sync(mask, u.w[i], o, 0x1f);
+  return u.v;
+}
+#endif
+"""
 
 PRELUDE = r"""
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
@@ -148,12 +189,13 @@ class CUDARenderer:
     return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)
 
   def source(self, kernels: list[str]) -> str:
-    """One translation unit of `kernels`. The half and bfloat16 headers and the tensor cores' prelude only where a
-    kernel names what they define: parsing them is about half of nvcc's time for a small kernel (a first call)."""
+    """One translation unit of `kernels`. The CUDA headers (cuda_runtime.h, the half and bfloat16 ones) and the
+    tensor cores' prelude only where a kernel names what they define; else the few DECLARATIONS above: parsing the
+    headers is most of nvcc's time for a small kernel (a first call)."""
     # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
     wgmma = [WGMMA_PRELUDE] if any("g_wgmma_tile<" in k for k in kernels) else []
     heavy = bool(wgmma) or any(_NEEDS_HEADERS.search(k) for k in kernels)
-    return "\n".join([*(CUDA.headers if heavy else (PRELUDE,)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
+    return "\n".join([*(CUDA.headers if heavy else (DECLARATIONS, PRELUDE)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 
 
 # a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude defines

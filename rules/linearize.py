@@ -151,8 +151,9 @@ filled in one loop share it)."""
   hoisted: dict[UOp, None] = {}
   if len(group) > 1:   # what a later one of the group reads may come after the first: it goes in front
     after = set(rest[at + 1:])
-    hoisted = {n: None for c in group for v in (c.src[:1] if c.op is Ops.REDUCE else c.src[:2]) for n in v.toposort
-               if n in after}
+    # one walk of what they all read (an unrolled tile's reductions read mostly the same nodes), sources first
+    read = UOp(Ops.SINK, src=tuple(v for c in group for v in (c.src[:1] if c.op is Ops.REDUCE else c.src[:2])))
+    hoisted = {n: None for n in read.toposort if n in after}
   accs = [UOp(Ops.DEFINE_ACC, red.dtype, (red,)) for red in group if red.op is Ops.REDUCE]
   return block.replace(src=(*rest[:at], *hoisted, *accs, closed, *(s for s in rest[at:] if s not in hoisted)))
 

@@ -39,6 +39,12 @@ from runtime.device import Allocator, CompileError, Device, parameter_types, run
 
 LIBCUDA = "libcuda.so.1"  # the driver library's soname; a module attribute so tests can point it elsewhere
 NVCC_FLAGS = ("-cubin",)  # plus -arch=sm_XY; nothing that relaxes IEEE float semantics
+# The first line of a source that declares itself all it uses of CUDA's headers (renderers/cuda.py writes such
+# sources): nvcc compiles it without cuda_runtime.h, which it otherwise puts before every translation unit (it has no
+# switch to leave it out). The directory below holds an empty cuda_runtime.h; first on the include path, it is the one
+# nvcc's preprocessor finds.
+SELF_CONTAINED = "// self-contained: compiled without cuda_runtime.h (runtime/cuda.py)"
+NO_RUNTIME_HEADER = Path(__file__).with_name("cuda_include")
 # where nvcc is looked for when it is not on PATH ($CUDA_HOME/bin/nvcc is tried before these)
 NVCC_FALLBACKS: tuple[str, ...] = ("/usr/local/cuda/bin/nvcc",)
 
@@ -146,18 +152,26 @@ class CUDAInvalidImage(CUDAError):
 
 # ---------------------------------------------------------------- driver
 
+# why each driver library that failed to load did (by its name): sources for a GPU render on a machine without one
+# (Tensor.kernel_sources, the CUDA compile tests), and each kernel asks for the device a few times; a failed load is
+# ~50 ms (cffi's parse of the declarations, the library search), so it is tried once
+_unloadable: dict[str, str] = {}
+
+
 def driver() -> Any:
   """The driver library, loaded on first use (CUDAUnavailable when it is not installed)."""
   global _ffi, _lib
   if _lib is None:
+    if (why := _unloadable.get(LIBCUDA)) is not None: raise CUDAUnavailable(why)
     import cffi
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)
     try: lib = ffi.dlopen(LIBCUDA)
     except OSError as e:
-      raise CUDAUnavailable(f"DEVICE=CUDA needs the NVIDIA driver's library {LIBCUDA}, which could not be loaded "
-                            f"({e}): this machine has no NVIDIA driver (or no GPU). Install the driver, or run on "
-                            f"the CPU with DEVICE=CPU") from None
+      _unloadable[LIBCUDA] = why = (f"DEVICE=CUDA needs the NVIDIA driver's library {LIBCUDA}, which could not be "
+                                    f"loaded ({e}): this machine has no NVIDIA driver (or no GPU). Install the driver, "
+                                    f"or run on the CPU with DEVICE=CPU")
+      raise CUDAUnavailable(why) from None
     _ffi, _lib = ffi, lib
   return _lib
 
@@ -206,11 +220,13 @@ def nvcc_identity(nvcc: str) -> str:
 
 
 def target_flags(source: str, arch: str) -> list[str]:
-  """nvcc's target for `source` on a GPU of `arch`: -arch=sm_XY, or for a source that uses Hopper's warpgroup MMA
-  (renderers/cuda_wgmma.py) on sm_90 the arch-specific sm_90a, the only target with wgmma (written as -gencode: with
-  nvcc 13.0, -arch=sm_90a also ran a plain sm_90 pass that rejects wgmma)."""
-  if arch == "sm_90" and "wgmma.mma_async" in source: return ["-gencode=arch=compute_90a,code=sm_90a"]
-  return [f"-arch={arch}"]
+  """nvcc's flags for `source` on a GPU of `arch`: the target, -arch=sm_XY, or for a source that uses Hopper's
+  warpgroup MMA (renderers/cuda_wgmma.py) on sm_90 the arch-specific sm_90a, the only target with wgmma (written as
+  -gencode: with nvcc 13.0, -arch=sm_90a also ran a plain sm_90 pass that rejects wgmma); and for a SELF_CONTAINED
+  source, the include directory whose empty cuda_runtime.h stands in for the real one."""
+  wgmma = arch == "sm_90" and "wgmma.mma_async" in source
+  target = ["-gencode=arch=compute_90a,code=sm_90a"] if wgmma else [f"-arch={arch}"]
+  return target + (["-I", str(NO_RUNTIME_HEADER)] if source.startswith(SELF_CONTAINED) else [])
 
 
 def _run_nvcc(nvcc: str, arch: str, src: Path, out: Path) -> str:

@@ -67,3 +67,15 @@ def test_train_kernels_bench_splits_a_tiny_step_by_thread_count_and_phase():
   phases = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()
             if line.split()[:1] in (["forward"], ["backward"], ["optimizer"])}
   assert set(phases) == {"forward", "backward", "optimizer"} and all(ms > 0 for ms in phases.values()), out
+
+
+def test_nvcc_time_bench_times_each_kernel_both_ways():
+  import pytest
+  from runtime import cuda
+  from runtime.device import CompileError
+  try: cuda.find_nvcc()
+  except CompileError: pytest.skip("nvcc not found")
+  lines = bench("nvcc_time.py", "--only", "softmax", "--repeats", "1", "--quick").splitlines()
+  rows = [l.split() for l in lines[1:] if not l.split()[1] == "max"]
+  assert rows and {r[4] for r in rows} == {"device", "headers"} and all(float(x) > 0 for r in rows for x in r[6:])
+  assert lines[-1].split()[1] == "max" and "device" in lines[-1] and "headers" in lines[-1]

@@ -103,6 +103,18 @@ def test_missing_driver_says_how_to_use_the_cpu(monkeypatch):
     Device.default()
 
 
+def test_a_driver_that_failed_to_load_is_not_searched_for_again(monkeypatch):
+  # a machine without a GPU renders CUDA sources, and each kernel asks for the device: the first failure is kept
+  monkeypatch.setattr(cuda, "LIBCUDA", "libcuda-that-is-not-installed.so.1")
+  monkeypatch.setattr(cuda, "_lib", None)
+  monkeypatch.setattr(cuda, "_unloadable", {})
+  with pytest.raises(CUDAUnavailable) as first: cuda.driver()
+  import cffi
+  monkeypatch.setattr(cffi, "FFI", None)   # a second load would fail on this, not with the driver's message
+  with pytest.raises(CUDAUnavailable) as again: cuda.driver()
+  assert str(again.value) == str(first.value) and "libcuda-that-is-not-installed" in str(again.value)
+
+
 def test_failed_driver_calls_raise_errors_that_carry_the_call_and_code():
   cuda.check("cuCtxSynchronize", 0)  # success says nothing
   with pytest.raises(cuda.CUDAOutOfMemory, match=r"cuMemAlloc_v2 failed with .*\(2\).*; allocating 9 bytes") as e:

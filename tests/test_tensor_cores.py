@@ -139,7 +139,7 @@ def wgmma_programs() -> list[Tensor]:
 
 def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   from renderers.cuda import renderer
-  from runtime.cuda import dynamic_shared_bytes, target_flags
+  from runtime.cuda import NO_RUNTIME_HEADER, dynamic_shared_bytes, target_flags
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
   assert "g_wgmma_tile<half, 128, 256, 4, false, 512, 512LL, 4096LL>" in nn and "g_mma_tile" not in nn   # B along j
   assert "g_wgmma_tile<half, 128, 256, 4, true, 512, 512LL, 512LL>" in nt                                  # B along k
@@ -156,7 +156,8 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
     assert needle in source, needle
   assert "wgmma" not in renderer.source([cuda_text(Tensor(normal(256, 128)) @ Tensor(normal(128, 256)))])  # mma.sync: no prelude
   assert target_flags(source, "sm_90") == ["-gencode=arch=compute_90a,code=sm_90a"] and target_flags(source, "sm_80") == ["-arch=sm_80"]
-  assert target_flags(renderer.source([]), "sm_90") == ["-arch=sm_90"]
+  # (a source of no kernel needs no header: it is self-contained, compiled with the empty cuda_runtime.h's directory)
+  assert target_flags(renderer.source([]), "sm_90") == ["-arch=sm_90", "-I", str(NO_RUNTIME_HEADER)]
 
 
 def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):

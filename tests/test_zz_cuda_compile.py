@@ -104,11 +104,18 @@ def test_every_kernel_compiles_for_cuda(tmp_path):
       if any(u.op is Ops.BARRIER for u in linear.src): assert threads % 32 == 0, "a row combine needs whole warps"
     bodies.setdefault(renderer.render("KERNEL_NAME", linear), None)
   names = [f"k{i}" for i in range(len(bodies))]
-  source = renderer.source([b.replace("KERNEL_NAME", n) for b, n in zip(bodies, names)])
-  src, out = tmp_path / "kernels.cu", tmp_path / "kernels.cubin"
-  src.write_text(source)
-  printed = cuda._run_nvcc(NVCC, ARCH, src, out)   # one nvcc call; CompileError with nvcc's message fails the test
-  assert "C7514" not in printed and "serialized" not in printed, printed   # no kernel's wgmma serialized by ptxas
-  assert out.stat().st_size > 0
-  for n in names: assert n.encode() in out.read_bytes(), f"kernel {n} is not in the cubin"
-  print(f"{len(names)} distinct CUDA kernels ({session} from this session's cache) compiled for {ARCH}")
+  named = [b.replace("KERNEL_NAME", n) for b, n in zip(bodies, names)]
+  # all of them with the CUDA headers, and those that need none also as one self-contained source (what a realize
+  # of them alone compiles: renderers/cuda.py DECLARATIONS)
+  light = [k for k in named if renderer.source([k]).startswith(cuda.SELF_CONTAINED)]
+  for part, kernels in (("kernels", named), ("self_contained", light)):
+    src, out = tmp_path / f"{part}.cu", tmp_path / f"{part}.cubin"
+    src.write_text(renderer.source(kernels))
+    printed = cuda._run_nvcc(NVCC, ARCH, src, out)   # one nvcc call; CompileError with nvcc's message fails the test
+    assert "C7514" not in printed and "serialized" not in printed, printed   # no kernel's wgmma serialized by ptxas
+    assert out.stat().st_size > 0
+    for k, n in zip(named, names):
+      if k in kernels: assert n.encode() in out.read_bytes(), f"kernel {n} is not in the cubin"
+  assert 0 < len(light) < len(named)
+  print(f"{len(names)} distinct CUDA kernels ({session} from this session's cache, {len(light)} self-contained) "
+        f"compiled for {ARCH}")
