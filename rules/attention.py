@@ -33,6 +33,10 @@ on the CPU by the kernel's plan (`attention_plan`: d in vector lanes and upcast 
 threads, the dot product's loop `simd`), on a GPU by stage `attention_rows` (rule set `head_loop_rules`, before
 stage `gpu`): one thread a query row, its accumulator row in registers. Where heads are stored side by side (a loop
 of H*D), that stage splits off the inner D on the CPU too.
+
+On the CPU that row-at-a-time kernel is what a fused attention falls back to: where its operands allow, the kernel is
+rendered as the tiled kernel of renderers/attention_c.py instead (runtime/realize.py `tiled_attention`; DEBUG=2 says
+which and why).
 """
 from __future__ import annotations
 import math
@@ -48,10 +52,11 @@ from .opt.upcast import upcast_rules, part_kind
 LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
 LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each of at least 4 blocks
-# the fused kernel is used by default where the unfused scores (B x Tq x Tk float32) take at least this much: its
-# products do not yet use the library's (or shared-memory tiles): 8x512x64 on the CPU takes 4x the unfused form's time,
-# 32x1024x64 on an H100 2.7x (3.1 against 1.14 ms), so by default it serves where the scores' memory is the concern
-MIN_SCORES_BYTES = {False: 1 << 30, True: 1 << 30}
+# the fused kernel is used by default where the unfused scores (B x Tq x Tk float32) take at least this much. On the
+# CPU always: the tiled kernel of renderers/attention_c.py (query rows x keys in registers) is faster than the three
+# unfused kernels (8x512x64, one thread: 5.9 ms against 9.5). On a GPU its products do not yet use shared-memory tiles
+# (32x1024x64 on an H100: 3.1 against 1.14 ms), so by default it serves where the scores' memory is the concern
+MIN_SCORES_BYTES = {False: 0, True: 1 << 30}
 GPU_THREADS = 132 * 256    # threads below which a GPU is not kept busy (an H100's SMs, 8 warps each)
 MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
 
@@ -137,8 +142,7 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
       force is None and scores_bytes < least:
     ctx.note(f"attention not fused: {what}: " + ("GRAFT_ATTENTION=0" if force is False else
              f"its scores take {scores_bytes / 2**20:.1f} MiB, under the {least / 2**20:.0f} MiB from which the fused kernel "
-             f"is used on {'a GPU' if ctx.device_loops else 'the CPU'} by default (its products are not yet as fast as "
-             f"the library's; GRAFT_ATTENTION=1 fuses it)") + "; three kernels instead")
+             f"is used on a GPU by default (its products are not yet as fast as the library's; GRAFT_ATTENTION=1 fuses it)") + "; three kernels instead")
     return None
   block = min(BLOCK, tk)
   lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq) if ctx.device_loops else 1

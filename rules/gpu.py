@@ -333,13 +333,14 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
   (a fused softmax): a thread per output would recompute it; the loads in them walk memory along the reduced axis
   more than along the innermost output axis (a row sum, not a matrix product). Else one thread per output element.
   A long row whose rows are too few to fill the multiprocessors gets up to MAX_THREADS lanes."""
-  from .attention import attention_grid_plan   # a fused attention kernel has a plan of its own
+  from .attention import attention_grid_plan, carried_reductions   # a fused attention kernel has a plan of its own
   if (plan := attention_grid_plan(sink, loops)) is not None: return plan
   axis = {r: i for i, r in enumerate(loops)}
   outs = [r for r in loops if r.arg[0] == "out"]
   ranges = open_ranges(sink)
+  # (none of an online softmax's reductions is spread over lanes: they run inside the loop that carries its state)
   shared = [n for n in sink.toposort if n.op is Ops.REDUCE and ranges[n] <= set(outs) and n.arg in (Ops.ADD, Ops.MAX)
-            and size_of(n.src[1:]) > 0]   # an empty reduction is its identity: a loop that never runs
+            and size_of(n.src[1:]) > 0] if not carried_reductions(sink) else []   # (an empty reduction: its identity)
   rows = sorted(set().union(*(ranges[r] for r in shared)), key=nesting_key) if shared else outs
   if shared and (size_of(rows) < FEW_OUTPUTS or len(rows) < len(outs) or
                  _strided_loads(shared, lambda red: red.src[-1]) < (_strided_loads(shared, lambda red: outs[-1]) if outs else 1)):

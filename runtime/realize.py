@@ -48,6 +48,7 @@ class CompiledKernel:
   global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
   local_size: tuple[int, ...] | None = None
   plan: str = ""             # the optimization plan it was lowered with, and where the plan came from (rules/opt)
+  note: str = ""             # what DEBUG=2 says of it (the CPU's tiled attention kernel: used, or why not)
 
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
@@ -78,6 +79,17 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
   except RuntimeError: return None   # CUDAUnavailable: no driver here
 
 
+def tiled_attention(norm: UOp, linear: UOp, body: str, device_loops: bool) -> tuple[str, str]:
+  """(source, DEBUG=2 note): a fused attention kernel on the CPU as the tiled kernel of renderers/attention_c.py where
+  it applies (else the generic stages' row-at-a-time kernel, and the note says why); any other kernel as rendered."""
+  from rules.attention import head_size
+  if device_loops or head_size(linear) is None: return body, ""
+  from renderers.attention_c import attention_source, Unsupported
+  try: src = attention_source(norm, sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL))
+  except Unsupported as e: return body, f"attention not tiled: {e}; the row-at-a-time kernel instead"
+  return src, "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)"
+
+
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   renderer = renderer_of(device)
   device_loops = getattr(renderer, "device_loops", False)
@@ -88,12 +100,14 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
     body = renderer.render("KERNEL_NAME", linear)
+    body, note = tiled_attention(norm, linear, body, device_loops)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
   args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
   flops, nbytes = kernel_cost(linear, buffers)
-  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, plan=str(run.opt.plan) if run.opt else "")
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes,
+                      plan=(str(run.opt.plan) if run.opt else "") + (" [tiled attention]" if note.startswith("attention tiled") else ""), note=note)
   if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
   recorded.name = name
   recorded.attrs.update(source=ck.source, plan=ck.plan, flops=flops, bytes=nbytes, device=device)
@@ -260,7 +274,7 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
       else: new_by_name[name_key] = ck
       new[key] = ck
     compiled[norm] = ck
-  explanations = (run.attention.notes if run.attention else []) + run.kernelize.explanations + \
+  explanations = (run.attention.notes if run.attention else []) + [ck.note for ck in compiled.values() if ck.note] + run.kernelize.explanations + \
     (run.group.refused + run.group.merged if run.group else []) + (run.fuse.inlined if run.fuse else [])
   progress.done()
   return _Lowered(host, compiled, new, returned, outputs, explanations, started)
@@ -342,6 +356,7 @@ def plan(outputs: list[tuple[UOp, str]], device: str | None = None) -> Program:
   with viz.scope("plan") as recorded:
     low = _lower(uops, devices, [None] * len(uops), to_run=False)
   program = Program(low.host, low.kernels, low.returned, low.outputs, graph_key(uops)[1])
+  program.explanations = low.explanations
   _describe(recorded, program, " (planned, not run)")
   return program
 

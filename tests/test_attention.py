@@ -16,7 +16,7 @@ rng = np.random.default_rng(21)
 
 @pytest.fixture(autouse=True)
 def fused(monkeypatch):
-  """These tests are of the fused kernel: by default it is used only where the scores would be large."""
+  """These tests are of the fused kernel (by default on a GPU it is used only where the scores would be large)."""
   monkeypatch.setenv("GRAFT_ATTENTION", "1")
 
 
@@ -42,11 +42,18 @@ def causal(tq, tk):
 def kernel_calls(program) -> int: return sum(1 for s in program.steps if s[0] in ("call", "extern", "pick"))
 
 
+def tiled(program) -> bool:
+  """Whether the program's attention kernel is the CPU's tiled one (renderers/attention_c.py)."""
+  return any("tiled attention" in ck.plan for ck in program.kernels_called())
+
+
 def run_fused(q, k, v, mask=None, scale=None):
   ts = [Tensor(x) for x in (q, k, v)] + ([Tensor(mask)] if mask is not None else [])
   out = attention(*ts[:3], ts[3] if mask is not None else None, scale).numpy()
   program = last_program()
   assert kernel_calls(program) == 1 and program.unplanned_bytes == 0, str(program)   # one kernel, no intermediate
+  # the CPU's tiled kernel where the values' head dimension is a multiple of 4 (vector lanes), else the generic one
+  assert tiled(program) == (v.shape[-1] % 4 == 0), program.explanations
   return out
 
 
@@ -85,6 +92,37 @@ def test_fused_attention_matches_torch():
   m = causal(70, 70)
   want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(m))
   np.testing.assert_allclose(run_fused(q, k, v, m), want.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_tiled_kernel_masks_read_through_batch_and_head_indices():
+  # a bool mask per batch, shared by the heads (masked_fill), plus an additive bias per head: the scores' expression
+  # reads both buffers at (batch, head, row, key) inside the tile; 45 keys: the last block of keys partly past the end
+  b, h, tq, tk, d = 2, 3, 13, 45, 16
+  q, k, v = randn(b, h, tq, d), randn(b, h, tk, d), randn(b, h, tk, d)
+  keep, bias = rng.random((b, 1, tq, tk)) < 0.8, randn(1, h, 1, tk)
+  keep[..., 0] = True   # no row masked whole
+  s = (Tensor(q) @ Tensor(k).transpose(-1, -2)) * 0.25 + Tensor(bias)
+  got = s.masked_fill(Tensor(~keep), -math.inf).softmax(-1) @ Tensor(v)
+  want = attention(q, k, v, np.where(keep, bias, -np.inf).astype(np.float32), 0.25)
+  np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5)
+  assert kernel_calls(last_program()) == 1 and tiled(last_program())
+
+
+def test_tiled_kernel_source_holds_register_tiles_and_no_scores_buffer():
+  q, k, v = (Tensor(randn(8, 512, 64)) for _ in range(3))
+  program = plan([(attention(q, k, v).uop, "CPU")])
+  assert kernel_calls(program) == 1 and tiled(program) and program.unplanned_bytes == 0
+  source = "\n".join(ck.source for ck in program.kernels_called())
+  assert "g_exp2f_x" in source and "a3_0" in source   # exponents in vector lanes; a tile of 4 query rows
+  assert "262144" not in source and "512*512" not in source   # no 512 x 512 scores anywhere
+
+
+def test_a_head_dimension_without_vector_lanes_keeps_the_generic_kernel_and_says_why(monkeypatch, capsys):
+  q, k, v = randn(2, 20, 8), randn(2, 20, 8), randn(2, 20, 6)
+  t = attention(Tensor(q), Tensor(k), Tensor(v))
+  out = debug2_lines(monkeypatch, capsys, t)
+  assert "attention not tiled: head dimension 6 is not a multiple of 4; the row-at-a-time kernel instead" in out
+  np.testing.assert_allclose(t.numpy(), attention(q, k, v), rtol=2e-5, atol=2e-5)
 
 
 def softmax_np(s):
@@ -154,11 +192,12 @@ def test_scores_a_mask_fills_whole_are_the_same_for_every_row():
   # a mask over every score leaves scores that depend on no query row: the running max and sum are still each row's
   # (found by bench/fuzz.py --patterns: they were computed once, outside the rows' loops, and the kernel did not build)
   q, k, v = randn(2, 3, 5, 1), randn(3, 130, 1), randn(3, 130, 17)
-  everywhere = Tensor.full((5, 130), True, dtype="bool")
-  for dev in ("CPU", "model GPU"):
-    t = (Tensor(q, device="CPU") @ Tensor(k, device="CPU").transpose(-1, -2) * 0.125).masked_fill(everywhere, 0.0).softmax(-1)
-    t = t @ Tensor(v, device="CPU")
-    got = t.numpy() if dev == "CPU" else run_on_model_gpu(t)[0]
+  for model in (False, True):   # the default device (a GPU's under DEVICE=CUDA), then the numpy model of a GPU grid
+    dev = "CPU" if model else None
+    everywhere = Tensor.full((5, 130), True, dtype="bool", device=dev)
+    t = (Tensor(q, device=dev) @ Tensor(k, device=dev).transpose(-1, -2) * 0.125).masked_fill(everywhere, 0.0).softmax(-1)
+    t = t @ Tensor(v, device=dev)
+    got = run_on_model_gpu(t)[0] if model else t.numpy()
     np.testing.assert_allclose(got, np.broadcast_to(v.mean(-2, keepdims=True), (2, 3, 5, 17)), rtol=2e-5, atol=2e-5)
 
 
@@ -166,8 +205,12 @@ def test_one_query_row_read_with_other_values_in_one_loop():
   # one query row whose output is concatenated: the kernel's one loop runs over the head and what follows it, and the
   # running max and sum, the same for all of it, share their loop with the weighted sums (bench/fuzz.py --patterns)
   q, k, v = randn(1, 3), randn(3, 3), randn(3, 17)
-  t = (attention(Tensor(q), Tensor(k), Tensor(v), scale=0.125).reshape((17,))).cat(Tensor.full((2,), 2.0), axis=0)
-  np.testing.assert_allclose(t.numpy(), np.concatenate([attention(q, k, v, scale=0.125)[0], [2.0, 2.0]]), rtol=2e-5, atol=2e-5)
+  want = np.concatenate([attention(q, k, v, scale=0.125)[0], [2.0, 2.0]])
+  for model in (False, True):   # (on a GPU the scores are the same for all the kernel's outputs: a thread each)
+    dev = "CPU" if model else None
+    t = attention(Tensor(q, device=dev), Tensor(k, device=dev), Tensor(v, device=dev), scale=0.125).reshape((17,))
+    t = t.cat(Tensor.full((2,), 2.0, device=dev), axis=0)
+    np.testing.assert_allclose(run_on_model_gpu(t)[0] if model else t.numpy(), want, rtol=2e-5, atol=2e-5)
 
 
 def test_no_tq_by_tk_buffer_at_4096():
@@ -210,14 +253,17 @@ def test_graft_attention_changes_a_warm_calls_program_too(monkeypatch):
   np.testing.assert_allclose(out.numpy(), attention(q.numpy(), k.numpy(), v.numpy()), rtol=1e-5, atol=1e-6)
 
 
-def test_by_default_only_large_scores_are_fused(monkeypatch, capsys):
+def test_by_default_the_cpu_fuses_every_attention_and_a_gpu_only_large_scores(monkeypatch, capsys):
   monkeypatch.delenv("GRAFT_ATTENTION")
   q, k, v = (Tensor(randn(2, 21, 8)) for _ in range(3))
   out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
-  assert "attention not fused: softmax(scores (2, 21, 21)) @ values (head dimension 8): its scores take 0.0 MiB, under the 1024 MiB" in out
-  assert kernel_calls(last_program()) >= 3
-  q, k, v = (Tensor(np.zeros((4, 8192, 64), np.float32)) for _ in range(3))   # 1 GiB of scores: fused
-  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")])) == 1
+  assert "attention fused: softmax(scores (2, 21, 21))" in out and "attention tiled" in out
+  assert kernel_calls(last_program()) == 1
+  gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
+  assert any("its scores take 0.0 MiB, under the 1024 MiB" in line for line in gpu.explanations), gpu.explanations
+  assert kernel_calls(gpu) >= 3
+  q, k, v = (Tensor(np.zeros((4, 8192, 64), np.float32)) for _ in range(3))   # 1 GiB of scores: fused on a GPU too
+  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")], "CUDA")) == 1
   monkeypatch.setenv("GRAFT_ATTENTION", "0")
   assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")])) >= 3
 
