@@ -5,7 +5,10 @@ whose TileSpec has `wgmma` set.
 prelude below (added to a source only when one of its kernels calls it; runtime/cuda.py then builds the source for
 sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; warpgroup g computes rows 64g..64g+63 of
 the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
-shared memory through 64-bit matrix descriptors). The template:
+shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands
+with B along k (TF32's wgmma reads only K-major operands): every byte offset below is the same (a slice is 128 bytes
+of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
+The template:
 - copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
   `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
   128-byte row r lands at chunk c ^ (r % 8) (the tensor cores undo the XOR on the address bits), 8 rows making an
@@ -13,7 +16,7 @@ shared memory through 64-bit matrix descriptors). The template:
   - A (K-major: a row of A is contiguous along k): row i of the tile is row i of the slice; descriptor SBO = 1024 (the
     next 8 rows), LBO unused; the 4 steps of 16 along k start 32 bytes apart inside the swizzled row;
   - B along k (K-major too, a transposed weight x @ W.T): the same, a row per column j;
-  - B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
+  - a 16-bit B along j (MN-major, imm-trans-b = 1): the slice's 64 rows of k, in blocks of 64 columns (a 128-byte row of
     each block per k); SBO = 1024 (the next 8 rows of k), LBO = 64 x 128 bytes (the next block of 64 columns); the
     steps of 16 along k start 2048 bytes apart;
 - keeps STAGES slices of shared memory, STAGES - 2 copied ahead of the one the tensor cores read, and one wgmma group
@@ -24,10 +27,12 @@ shared memory through 64-bit matrix descriptors). The template:
   barrier, as the tensor cores read shared memory through it.
 - ptxas keeps the groups in flight only where no other instruction touches the accumulators between a wgmma and the
   wait that retires it; otherwise it serializes every wgmma of the kernel (warning C7514). The accumulators are a fixed
-  array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block index
-  once, through `g_block_index()` (`wgmma_rules`): nvcc reads `%ctaid` again after the product where the epilogue uses
-  it, which alone made ptxas serialize (ptxas 13.0; tests/test_tensor_cores.py compiles every kernel and checks).
-A gathered A (a channels-last convolution: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
+  array passed as "+f" operands to each wgmma and read only after the last wait; and the kernel reads its block and
+  thread indices once, through `g_block_index()` and `g_thread_index()` (`wgmma_rules`): nvcc reads `%ctaid` or `%tid`
+  again after the product where the epilogue uses them, which alone made ptxas serialize (ptxas 13.0: `%ctaid` in
+  every product; `%tid` in some, such as one column of blocks over 9 or more slices, 16896x576 @ 576x128;
+  tests/test_tensor_cores.py compiles every kernel and checks).
+A gathered A (a channels-last convolution of 16-bit operands: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
 (`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
 STAGES - 1 slices ahead, in 3 slices (97 KiB and the table: 2 blocks a multiprocessor).
@@ -39,37 +44,45 @@ warps along rows, WN = 1), so rules/opt/tensor_core.py places the epilogue's sto
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
-BK = 64          # k per slice: one 128-byte swizzled row of 16-bit elements
-WIDTHS = (128, 256)   # the n of m64nNk16 the tiles use (BN)
+WIDTHS = (128, 256)   # the n of m64nNk the tiles use (BN)
+# operand type -> (its PTX type, the k of one wgmma: 32 bytes of a row)
+TYPES = {"half": ("f16", 16), "__nv_bfloat16": ("bf16", 16), "float": ("tf32", 8)}
 
 
-def _op(ptx: str, ctype: str, n: int) -> str:
-  """One wgmma of m64n{n}k16 on a warpgroup's n/2 accumulators; TB: B is MN-major (stored along j)."""
+def _op(ctype: str, n: int) -> str:
+  """One wgmma of m64n{n}k{k} on a warpgroup's n/2 accumulators; TB: B is MN-major (stored along j; 16-bit operands
+  only: TF32 reads both operands K-major and takes no transpose immediates)."""
+  ptx, k = TYPES[ctype]
   regs = n // 2
   d = ", ".join(f"%{i}" for i in range(regs))
   outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+  trans = f", 0, %{regs + 3}" if k == 16 else ""
   return (f"template <> struct g_wgmma_op<{ctype}, {n}> {{\n"
           f"  template <int TB> static __device__ __forceinline__ void run(float* d, unsigned long long a, unsigned long long b) {{\n"
           f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n"\n'
+          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{trans};\\n}}\\n"\n'
           f'                 : {outs}\n                 : "l"(a), "l"(b), "r"(1), "n"(TB));\n  }}\n}};')
 
 
 PRELUDE = "\n".join([r"""
-template <class T, int N> struct g_wgmma_op;""", *(_op(p, c, n) for p, c in (("f16", "half"), ("bf16", "__nv_bfloat16")) for n in WIDTHS), r"""
+template <class T, int N> struct g_wgmma_op;""", *(_op(c, n) for c in TYPES for n in WIDTHS), r"""
 /* a shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units), 128-byte swizzle */
 __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
          | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
-/* the block's index, read once (a second read after the product made ptxas serialize every wgmma: C7514) */
+/* the block's and the thread's index, each read once (a second read after the product, which nvcc makes where the
+   epilogue uses them, made ptxas serialize every wgmma: C7514) */
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
+__device__ __forceinline__ int g_thread_index() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
-  constexpr int BK = 64, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
-  constexpr int A_BYTES = BM * BK * 2, STAGE = (BM + BN) * BK * 2;
+  /* a slice: 128 bytes of k (a swizzled row); a chunk: 16 bytes; one wgmma: 32 bytes of k */
+  constexpr int E = sizeof(T), BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
+  constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+  static_assert(E == 2 || B_ALONG_K, "TF32's wgmma reads only K-major operands: a float32 B is stored along k");
   static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
   static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
   /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
@@ -80,7 +93,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
      (tid + t * THREADS) / 8, and a table of k's offsets after the tiles */
   constexpr bool MATRIX = g_is_matrix<G>::value;
   constexpr int AHEAD = MATRIX ? STAGES - 2 : STAGES - 1;   /* slices copied ahead: a gathered A's steps wait for their group */
-  static_assert(MATRIX || G::chunked, "a gathered A on wgmma is copied in 16-byte chunks");
+  static_assert(MATRIX || (G::chunked && E == 2), "a gathered A on wgmma: 16-bit, copied in 16-byte chunks");
   long long roff[BM * 8 / THREADS];
   int* koff = reinterpret_cast<int*>(smem + STAGES * STAGE);
   if constexpr (!MATRIX) {
@@ -94,7 +107,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
   auto load = [&](int stage, int k0) {
     unsigned char* sa = smem + stage * STAGE;
     unsigned char* sb = sa + A_BYTES;
-    const T* a = MATRIX ? A + k0 + (tid & 7) * 8 : A + koff[k0 + (tid & 7) * 8];
+    const T* a = MATRIX ? A + k0 + (tid & 7) * CE : A + koff[k0 + (tid & 7) * CE];
 #pragma unroll
     for (int t = 0; t < BM * 8 / THREADS; t++) {
       const int c = tid + t * THREADS, row = c >> 3, chunk = c & 7;
@@ -105,10 +118,10 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       const int c = tid + t * THREADS;
       if (B_ALONG_K) {
         const int row = c >> 3, chunk = c & 7;
-        g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * 8);
-      } else {
+        g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
+      } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
         const int row = c / (BN / 8), chunk = c % (BN / 8);
-        g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * 8);
+        g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
       }
     }
   };
@@ -126,8 +139,8 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++)   /* the start address field counts 16 bytes */
-      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
+    for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
+      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
     if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
@@ -152,7 +165,8 @@ def render_wgmma(ctx, m: UOp, gather: str = "") -> str:
 def holds_wgmma(linear: UOp) -> bool: return any(u.op is Ops.MMA and u.arg.wgmma for u in linear.src)
 
 
-# (before the CUDA renderer's own rules, in a kernel that holds wgmma) its block index through g_block_index()
+# (before the CUDA renderer's own rules, in a kernel that holds wgmma) its block and thread indices, each read once
 wgmma_rules = PatternMatcher([
-  (UPat(Ops.SPECIAL, name="s"), lambda s: "g_block_index()" if s.arg[0][0] == "g" else None, "render_wgmma_block_index"),
+  (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "g_block_index()", "l": "g_thread_index()"}.get(s.arg[0][0]),
+   "render_wgmma_indices"),
 ], name="render.cuda_wgmma")

@@ -69,6 +69,13 @@ def test_train_kernels_bench_splits_a_tiny_step_by_thread_count_and_phase():
   assert set(phases) == {"forward", "backward", "optimizer"} and all(ms > 0 for ms in phases.values()), out
 
 
+def test_gpt_ops_bench_sets_each_step_beside_torch():
+  out = bench("gpt_ops.py", "--only", "proj,layernorm", "--copies", "1", "--rounds", "1")
+  rows = {l.split()[0]: l.split() for l in out.splitlines()[2:]}
+  assert set(rows) == {"proj", "layernorm"}, out
+  assert float(rows["proj"][1]) > 0 and "upcast" in " ".join(rows["proj"]), out   # graft's time, its register tile
+
+
 def test_nvcc_time_bench_times_each_kernel_both_ways():
   import pytest
   from runtime import cuda

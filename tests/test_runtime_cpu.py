@@ -248,3 +248,28 @@ def test_the_openmp_runtime_stays_mapped_when_every_kernel_library_is_unloaded()
                      env={**os.environ, "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "active"})
   assert r.returncode == 0, r.stderr
   assert r.stdout.split() == ["True", "[2.0,", "2.0]"]
+
+
+def omp_settings(**env: str) -> dict[str, str]:
+  """The wait settings libgomp reports (OMP_DISPLAY_ENV) when a parallel kernel first loads it in a fresh process whose
+  environment holds only `env` of the two variables."""
+  program = ("from runtime.device import get_device\n"
+             "from runtime.buffer import Buffer\n"
+             "from rewrite.dtypes import dtypes\n"
+             f"add = get_device('CPU').build({ADD!r}, ['add'])['add']\n"
+             "a = Buffer('CPU', 64, dtypes.float32)\n"
+             "add(a.handle, a.handle, a.handle, 64)\n")
+  base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+  r = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True,
+                     env={**base, **env, "OMP_DISPLAY_ENV": "VERBOSE", "GRAFT_CACHE": "0"})
+  assert r.returncode == 0, r.stderr
+  lines = [l.strip().split(" = ") for l in (r.stdout + r.stderr).splitlines() if l.strip().startswith(("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))]
+  return {k: v.strip("'") for k, v in lines}
+
+
+def test_threads_sleep_between_parallel_loops_unless_the_user_asks_them_to_spin():
+  # passive: a thread that finishes a loop sleeps at once (libgomp's default spins ~4 ms); a user's GOMP_SPINCOUNT
+  # still reaches libgomp beside it (a short spin before the sleep: the experiment docs/design.md describes)
+  assert omp_settings()["OMP_WAIT_POLICY"] == "PASSIVE"
+  assert omp_settings(GOMP_SPINCOUNT="20000") == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "20000"}
+  assert omp_settings(OMP_WAIT_POLICY="active")["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -222,25 +222,30 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
               Tensor(normal(4, 128, 64)) @ Tensor(normal(4, 64, 128)),
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
-              *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0]]   # (a conv on wgmma)
+              *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0],   # (a conv on wgmma)
+              Tensor(normal(16896, 576)) @ Tensor(normal(576, 128))]   # one column of blocks, 9 slices (C7514 below)
   monkeypatch.delenv("GRAFT_TF32", raising=False)   # a strict float32 convolution: the FMA tile
   strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
   x32, w32 = Tensor(normal(512, 256, dtype=np.float32)), Tensor(normal(256, 512, dtype=np.float32))
+  xl, wl = Tensor(normal(2048, 512, dtype=np.float32)), Tensor(normal(4096, 512, dtype=np.float32))   # TF32 on wgmma
+  programs += [xl @ wl.T, (xl @ wl.T + Tensor(normal(4096, dtype=np.float32))).relu()]
   programs += [x32 @ w32, (x32 @ Tensor(normal(512, 256, dtype=np.float32)).T).relu(), conv_case(np.float16, bias=True)[0],
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
   sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 6
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 9
+  assert sum("g_wgmma_tile<float," in k for k in kernels) == 2
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
   src.write_text(renderer.source(kernels))
   printed = cuda._run_nvcc(nvcc, "sm_90", src, out)   # built for sm_90a: the source holds wgmma
   # ptxas keeps a wgmma group in flight across steps only where nothing else touches the accumulators meanwhile;
-  # otherwise it serializes every wgmma of the kernel and says so (C7514): the plain, epilogue and batched ones alike
+  # otherwise it serializes every wgmma of the kernel and says so (C7514): the plain, epilogue and batched ones alike,
+  # and one column of blocks (where threadIdx.x, read again after the product, had made it serialize)
   assert "C7514" not in printed and "serialized" not in printed, printed
   assert out.stat().st_size > 0
 
@@ -378,9 +383,18 @@ def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
   assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([src])   # (with the kernel that uses it)
+  # a product that gives every multiprocessor a 128x256 block, its B stored along k (x @ W.T): wgmma (k8 each); along
+  # j (x @ W) mma.sync, as TF32's wgmma reads only K-major operands
+  x, w = Tensor(normal(2048, 512, dtype=np.float32)), Tensor(normal(4096, 512, dtype=np.float32))
+  big = cuda_text(x @ w.T)
+  assert "g_wgmma_tile<float, 128, 256, 4, true, 512, 512LL, 512LL>" in big
+  assert dynamic_shared_bytes(big, big.split(" void ")[1].split("(")[0]) == 4 * (128 + 256) * 32 * 4 + 1024
+  assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in renderer.source([big])
+  assert "g_mma_tile<float, 128, 128," in cuda_text(x @ Tensor(normal(512, 4096, dtype=np.float32)))
   # the switch off again: strict float32 (that no cached kernel of the other setting is reused: the test of switches)
   monkeypatch.setenv("GRAFT_TF32", "0")
   assert "g_mma_tile" not in cuda_text(make())
+  assert "mma_tile" not in cuda_text(Tensor(normal(2048, 512, dtype=np.float32)) @ Tensor(normal(512, 4096, dtype=np.float32)))
 
 
 def test_tf32_products_in_the_model_grid(monkeypatch):
@@ -393,6 +407,12 @@ def test_tf32_products_in_the_model_grid(monkeypatch):
   got, specs = on_model_grid(Tensor(a) @ Tensor(v).T, monkeypatch)
   assert specs[0].b_along_k
   assert_allclose(got, a @ v.T, rtol=1e-4, atol=1e-4)
+  x, y = (rng.standard_normal(s).astype(np.float32) for s in ((256, 64), (512, 64)))
+  got, specs = on_model_grid(Tensor(x) @ Tensor(y).T, monkeypatch, multiprocessors=4)   # 2 x 2 blocks of 128x256
+  assert specs[0].wgmma and (specs[0].bm, specs[0].bn, specs[0].bk) == (128, 256, 32)
+  assert_allclose(got, x @ y.T, rtol=1e-4, atol=1e-4)
+  got, specs = on_model_grid(Tensor(x) @ Tensor(y.T.copy()), monkeypatch, multiprocessors=4)   # B along j: mma.sync
+  assert not specs[0].wgmma and not specs[0].b_along_k
 
 
 # ---------------------------------------------------------------- convolutions: implicit products
@@ -552,7 +572,7 @@ def test_a_float16_transformer_layer_on_tensor_cores_matches_the_cpus_answer(gpu
 @pytest.mark.parametrize("m, k, n, transposed, dtype", [
   (2048, 512, 4096, False, "float16"), (2048, 64, 4096, False, "float16"),   # one slice of k: fewer than the stages
   (2048, 1024, 4096, True, "float16"), (1024, 192, 2304, False, "float16"), (1024, 256, 2304, True, "bfloat16"),
-  (2048, 320, 4096, False, "bfloat16")])
+  (2048, 320, 4096, False, "bfloat16"), (16896, 576, 128, False, "float16")])   # (one column of blocks)
 def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
   a = normal(m, k, dtype=np.float32, seed=1)
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
@@ -593,6 +613,20 @@ def test_half_convolutions_on_warpgroup_mma_on_the_gpu_match_numpy(gpu, stride, 
   src = t.kernel_sources()[-1]
   assert ("g_wgmma_tile<" in src) == (gpu.arch.startswith("sm_90")) and "decltype(mma" in src   # 144 blocks, gathered
   assert rel_err(t.numpy().astype(np.float64), want) < 2e-3
+
+
+@pytest.mark.parametrize("m, k, n, transposed", [(2048, 512, 4096, False), (2048, 512, 4096, True),
+                                                 (1024, 32, 2304, False), (1024, 96, 2304, True),   # one slice; 128x128
+                                                 (1024, 1024, 2304, False)])
+def test_tf32_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, monkeypatch):
+  """TF32 on wgmma takes a B stored along k (x @ W.T); one along j keeps mma.sync (its transposing copies were slower)."""
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  a = normal(m, k, dtype=np.float32, seed=1)
+  w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
+  tw = Tensor(w, device="CUDA")
+  out = Tensor(a, device="CUDA") @ (tw.T if transposed else tw)
+  assert ("g_wgmma_tile<float," in cuda_text(out)) == (gpu.arch.startswith("sm_90") and transposed)
+  assert rel_err(out.numpy(), a @ (w.T if transposed else w)) < 5e-3   # operands with 10 bits of mantissa
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [

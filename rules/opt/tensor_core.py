@@ -30,9 +30,9 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
   A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: the row loops'
   and j's tile sizes and the k loops' slice.
 
-On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64)
-that gives every multiprocessor a block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's
-warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
+On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64;
+TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
+rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
 warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
 mma.sync.
 
@@ -73,10 +73,15 @@ TF32_TILES = TILES
 # 193 KiB of shared memory; 128x128: 129 KiB); taken where one gives every multiprocessor a block, else the mma.sync
 # tiles above. H100, fp16 8192^3 / 4096^3 TFLOP/s by CUDA events, one wgmma group left in flight: 128x256 with 4 slices
 # 554 / 462, with 3 379 / 326; 128x128 with 4 491 / 400, with 3 (2 blocks a multiprocessor) 438 / 365; 256x128 (4
-# warpgroups) with 4 561 / 444 (docs/design.md "Tensor cores and TF32"). Only for 16-bit operands read as matrices or
-# gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
-# mma.sync's 0.109): TF32 and other gathered operands take mma.sync.
+# warpgroups) with 4 561 / 444 (docs/design.md "Tensor cores and TF32"). For operands read as matrices, and 16-bit
+# ones gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
+# mma.sync's 0.109): other gathered operands (TF32's) take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
+# float32 (TF32, GRAFT_TF32=1) on wgmma: the same tiles, slices of 32 floats (128 bytes too), B stored along k only
+# (TF32's wgmma reads only K-major operands). H100, 4096^3: x @ W.T 0.424 ms (cuBLAS TF32 0.343-0.357); x @ W, its B
+# transposed to K-major as copied, was no faster than mma.sync (4-byte cp.async 0.730 ms, 16-byte loads through
+# registers 0.737, with an L2 prefetch 0.744, 128x128 tiles 0.848; mma.sync 0.713), so a B along j keeps mma.sync
+TF32_WGMMA_TILES = tuple((bm, bn, wm, wn, bk // 2, stages) for bm, bn, wm, wn, bk, stages in WGMMA_TILES)
 WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
@@ -295,9 +300,10 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
     stages = WGMMA_GATHERED_STAGES if wgmma and gather is not None else t[5]
     return TileSpec(a.dtype.name, *t[:5], stages, b_along_k, bk_dims[0][0], lda, ldb, wgmma, gather, fma)
   # (a tile within the GPU's shared memory: sm_86, sm_89 and sm_120 allow a block 99 KiB)
-  wgmma = [spec(t, True) for t in WGMMA_TILES if divides(t) and blocks(t) >= multiprocessors and spec(t, True).shared_bytes
-           <= max_shared(arch)] if arch == "sm_90" and itemsize == 2 and (gather is None or gather.chunked) and not tile_text() \
-    and wgmma_enabled() else []
+  wgmma = [spec(t, True) for t in (WGMMA_TILES if itemsize == 2 else TF32_WGMMA_TILES) if divides(t) and blocks(t) >= multiprocessors
+           and spec(t, True).shared_bytes <= max_shared(arch)] \
+    if arch == "sm_90" and (gather is None or gather.chunked) and (itemsize == 2 or gather is None and b_along_k) \
+    and not tile_text() and wgmma_enabled() else []
   fits = [spec(t, False) for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if tile_text() and fits and fits[0].shared_bytes > max_shared(arch):
     raise ValueError(f"GRAFT_TC_TILE={tile_text()!r}: its tiles need {fits[0].shared_bytes} bytes of shared memory, more than a "
