@@ -99,7 +99,8 @@ def main() -> None:
   if a.worker:
     row = graft_row if a.worker == "graft" else torch_row
     return report(lambda: {n: row(n, a) for n in names})
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+  # (a CPU bench: its steps are timed as CPU host programs, whatever DEVICE the caller's environment names)
+  env = {**os.environ, "DEVICE": "CPU", "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
   found = {}
   for fw in ("graft", "torch"):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", fw, "--only", ",".join(names), "--copies", str(a.copies),
