@@ -1,6 +1,6 @@
 """The CPU device end to end: Buffers, the pooled allocator, and C kernels built with gcc and run through cffi."""
 import hashlib
-import os
+import os, re
 import subprocess
 import sys
 from pathlib import Path
@@ -263,8 +263,9 @@ def omp_settings(**env: str) -> dict[str, str]:
   r = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True,
                      env={**base, **env, "OMP_DISPLAY_ENV": "VERBOSE", "GRAFT_CACHE": "0"})
   assert r.returncode == 0, r.stderr
-  lines = [l.strip().split(" = ") for l in (r.stdout + r.stderr).splitlines() if l.strip().startswith(("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))]
-  return {k: v.strip("'") for k, v in lines}
+  # (libgomp of GCC 12 prints `OMP_WAIT_POLICY = 'PASSIVE'`; newer ones prefix a device: `[host] OMP_WAIT_POLICY = ...`)
+  found = re.findall(r"^\s*(?:\[\w+\]\s*)?(OMP_WAIT_POLICY|GOMP_SPINCOUNT) = '?([^'\s]+)", r.stdout + r.stderr, re.M)
+  return dict(reversed(found))   # (the first line of each name: the host's)
 
 
 def test_threads_sleep_between_parallel_loops_unless_the_user_asks_them_to_spin():
