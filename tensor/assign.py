@@ -124,14 +124,11 @@ def is_view(t) -> bool:
 
 def to_realize(t):
   """The tensor whose realize makes t memory: t itself (no view), the lazy tensor it views (which makes t a view of
-  that tensor's memory, `realized`), or None when t views memory already. A view of a lazy tensor that is gone is a
-  tensor of its own again."""
+  that tensor's memory, `realized`, and which the view keeps alive), or None when t views memory already."""
   e = _entry(t)
   if e is None: return t
   if not isinstance(e.base, weakref.ref): return None if is_view(t) else t
-  if (root := e.base()) is not None: return root
-  _unregister(t)
-  return t
+  return e.root
 
 
 def pending(tensors) -> list:
@@ -157,7 +154,7 @@ def view_taken(t, parent, move, arg, stacked: View):
   if pe is None:
     if parent.uop.op is Ops.VIEW and parent.uop.src[0].op is Ops.BUFFER: return t    # (a padded view of memory)
     root, where = parent, stacked
-  elif isinstance(pe.base, weakref.ref) and (root := pe.base()) is not None: where = moved(pe.view, move, arg)
+  elif isinstance(pe.base, weakref.ref): root, where = pe.root, moved(pe.view, move, arg)
   else: return t
   if where is None or where.mask is not None: _unregister(t)
   else: _register(t, weakref.ref(root), where)
@@ -179,8 +176,7 @@ def _as_memory_view(target) -> None:
   is no view (it then owns the memory)."""
   e = _entry(target)
   if e is not None and isinstance(e.base, weakref.ref):
-    if (root := e.base()) is not None: root.realize()   # the view becomes a view of its memory (`realized`)
-    else: _unregister(target)                            # what it was taken from is gone: it is a tensor of its own
+    e.root.realize()   # the view becomes a view of its memory (`realized`)
     e = _entry(target)
   if e is None or isinstance(e.base, weakref.ref):
     target.realize()
