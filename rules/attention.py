@@ -53,8 +53,9 @@ LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
 LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each of at least 4 blocks
 # the fused kernel is used by default where the unfused scores (B x Tq x Tk float32) take at least this much. On the
-# CPU always: the tiled kernel of renderers/attention_c.py (query rows x keys in registers) is faster than the three
-# unfused kernels (8x512x64, one thread: 5.9 ms against 9.5). On a GPU its products do not yet use shared-memory tiles
+# CPU always: the tiled kernel of renderers/attention_c.py (query rows x keys in registers) is as fast per core as the
+# three unfused kernels (8x512x64, one thread, `bench/cpu_steps.py --only whole` alternated with GRAFT_ATTENTION=0:
+# 5.86-6.09 ms against 5.82-5.92), with no T x T buffer and one parallel loop. On a GPU its products do not yet use shared-memory tiles
 # (32x1024x64 on an H100: 3.1 against 1.14 ms), so by default it serves where the scores' memory is the concern
 MIN_SCORES_BYTES = {False: 0, True: 1 << 30}
 GPU_THREADS = 132 * 256    # threads below which a GPU is not kept busy (an H100's SMs, 8 warps each)
