@@ -25,6 +25,7 @@ import math
 from rewrite import UOp, Ops, dtypes
 from rules.shapes import shape_of
 from rules.strided_view import View, contiguous_strides
+from .c import C   # (its literals: the C renderer's own)
 
 R, CHUNK = 4, 256         # query rows of a register tile; query rows of a parallel task (K^T and V packed once per task)
 KEY_VECTORS = 3           # vectors of keys a step of the online softmax takes (its max and rescaling once for them all)
@@ -46,15 +47,6 @@ def _views(x: UOp) -> tuple[UOp, View]:
   b, inner = _views(x.src[0])
   if (v := compose(inner, x.arg)) is None: raise Unsupported("an operand's views do not merge into one")
   return b, v
-
-
-def _literal(value, dtype) -> str:
-  if dtype is dtypes.bool: return "1" if value else "0"
-  if dtype.is_float:
-    if math.isnan(value): return "NAN"
-    if math.isinf(value): return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"{float(value)!r}f"
-  return f"{int(value)}"
 
 
 BINARY = {Ops.ADD: "({} + {})", Ops.MUL: "({} * {})", Ops.FDIV: "({} / {})", Ops.CMPLT: "({} < {})", Ops.CMPNE: "({} != {})"}
@@ -84,7 +76,7 @@ class Epilogue:
     if u.op is Ops.VIEW:
       v, inner = u.arg, u.src[0]
       if v.mask is not None: raise Unsupported("the scores read a padded view")
-      if inner.op is Ops.CONST: return _literal(inner.arg, inner.dtype)
+      if inner.op is Ops.CONST: return C.literal(inner.dtype, inner.arg)
       flat = " + ".join([str(v.offset)] + [f"({i})*{s}" for i, s in zip(idx, v.strides) if s != 0])
       if inner.op is Ops.BUFFER:
         if self.lanes: raise NotVector()
@@ -92,7 +84,7 @@ class Epilogue:
       shape = shape_of(inner)
       return self.expr(inner, [unravel(v, idx, flat, n, st) for n, st in zip(shape, contiguous_strides(shape))], False)
     if u.op is Ops.IOTA: return f"({idx[0]})"
-    if u.op is Ops.CONST: return _literal(u.arg, u.dtype)
+    if u.op is Ops.CONST: return C.literal(u.dtype, u.arg)
     args = [self.expr(s, idx, top) for s in u.src]
     vector = any(map(self.vec, args))
     if vector and u.op in (Ops.CMPNE, Ops.WHERE):
