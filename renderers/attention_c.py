@@ -25,7 +25,7 @@ import math
 from rewrite import UOp, Ops, dtypes
 from rules.shapes import shape_of
 from rules.strided_view import View, contiguous_strides
-from .c import C   # (its literals: the C renderer's own)
+from .c import C, team_entries   # (its literals: the C renderer's own; the entries of a kernel a team shares)
 
 R, CHUNK = 4, 256         # query rows of a register tile; query rows of a parallel task (K^T and V packed once per task)
 KEY_VECTORS = 3           # vectors of keys a step of the online softmax takes (its max and rescaling once for them all)
@@ -252,13 +252,12 @@ static __attribute__((noinline)) void KERNEL_NAME_task(long task, float* restric
   }}
 }}
 
-void KERNEL_NAME({params}) {{
-  #pragma omp parallel
-  {{
-    float* kt = aligned_alloc(64, {(tkp * dk * 4 + 63) // 64 * 64});
-    float* vp = aligned_alloc(64, {(tkp * d * 4 + 63) // 64 * 64});
-    #pragma omp for schedule(dynamic, 1)
-    for (long task = 0; task < {nb * chunks}; task++) KERNEL_NAME_task(task, kt, vp, {call});
-    free(kt); free(vp);
-  }}
-}}"""
+static __attribute__((noinline)) void KERNEL_NAME_work({params}) {{
+  float* kt = aligned_alloc(64, {(tkp * dk * 4 + 63) // 64 * 64});
+  float* vp = aligned_alloc(64, {(tkp * d * 4 + 63) // 64 * 64});
+  #pragma omp for schedule(dynamic, 1) nowait
+  for (long task = 0; task < {nb * chunks}; task++) KERNEL_NAME_task(task, kt, vp, {call});
+  free(kt); free(vp);
+}}
+
+{team_entries("KERNEL_NAME", params.split(", "))}"""

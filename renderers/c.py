@@ -8,8 +8,10 @@ for scalars, a vector load or store goes through a pointer to the vector type (d
 and `may_alias`, so any element address will do), `VECTORIZE` is a vector literal, `GEP` a subscript.
 """
 from __future__ import annotations
+import dataclasses
+from dataclasses import dataclass
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
-from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head, gated_read
+from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, kernel_params, reduce_identity, loop_head, gated_read
 
 # exp2 and log2 of float written out branch-free, so that gcc vectorizes the loops that call them (libm's exp2f and
 # log2f are scalar calls without -ffast-math). Both are within 2 ulp of libm over the whole float range, and keep
@@ -121,7 +123,12 @@ def _vector_exp2(n: int) -> str:
           f"  return {sel('nan', 'a', 'r')};\n}}")
 
 
+@dataclass
 class CLanguage(Language):
+  # a parallel loop as a worksharing loop of a team that is already running (`#pragma omp for ... nowait`), not a team
+  # of its own (`#pragma omp parallel for`): the kernel's `_work` function (CRenderer.render)
+  worksharing: bool = False
+
   def math(self, fn: str, dt) -> str:
     if dt.scalar is dtypes.float32 and fn == "exp2" and dt.count > 1: return f"g_exp2f_x{dt.count}"
     if dt is dtypes.float32 and fn in ("exp2", "log2"): return f"g_{fn}f"
@@ -144,16 +151,16 @@ C = CLanguage(headers=Language().headers + (_vector_typedefs(), PRELUDE, *(_vect
 PARALLEL_CHUNKS = 64
 
 
-def parallel_pragma(r: UOp) -> str:
-  trips = r.src[0]
-  if trips.op is not Ops.CONST: return "#pragma omp parallel for"   # a symbolic trip count: OpenMP's static split
-  return f"#pragma omp parallel for schedule(dynamic, {-(-trips.arg // PARALLEL_CHUNKS)})"
+def parallel_pragma(r: UOp, worksharing: bool = False) -> str:
+  trips, (start, end) = r.src[0], ("#pragma omp for", " nowait") if worksharing else ("#pragma omp parallel for", "")
+  if trips.op is not Ops.CONST: return start + end   # a symbolic trip count: OpenMP's static split
+  return f"{start} schedule(dynamic, {-(-trips.arg // PARALLEL_CHUNKS)}){end}"
 
 
 def _loop(ctx: RenderContext, r: UOp) -> str:
   head = loop_head(ctx, r)
   mark = r.arg[-1]
-  if mark == "parallel": return f"{parallel_pragma(r)}\n{head}"
+  if mark == "parallel": return f"{parallel_pragma(r, ctx.lang.worksharing)}\n{head}"
   # (a vector accumulator, rules/opt/vector.py, is vectorized already: OpenMP has no reduction of it)
   if mark == "simd" and (reds := [x for x in ctx.accumulators.get(r, []) if x.dtype.count == 1]):
     clauses = [f"reduction({sym}:{', '.join(ctx.names[x] for x in reds if x.arg is op)})"
@@ -248,12 +255,56 @@ c_rules = PatternMatcher([
 ], name="render.c")
 
 
+# The worksharing form of a kernel (CRenderer.render): its work as every thread of a team runs it, its one parallel
+# loop shared out with `nowait` (the caller waits for the team)
+C_WORK = dataclasses.replace(C, worksharing=True, kernel_prefix="static __attribute__((noinline)) void")
+
+
+def one_parallel_loop(linear: UOp) -> bool:
+  """Whether the kernel has one parallel loop, outside every other, and outside it writes only arrays of its own (a
+  packed operand): what every thread of a team may run as it is, the loop shared out. (Each thread then fills its
+  own copy of such an array, on its own stack, in the time the one thread outside the loop took to fill it before; a
+  store to a buffer outside the loop would run once per thread.)"""
+  loops: list[UOp] = []   # the loops open here, outermost first
+  parallel = 0
+  for u in linear.src:
+    if u.op is Ops.RANGE:
+      if u.arg[-1] == "parallel":
+        if loops: return False
+        parallel += 1
+      loops.append(u)
+    elif u.op is Ops.END: loops.pop()
+    elif u.op is Ops.STORE and not (loops and loops[0].arg[-1] == "parallel"):
+      if (b := u.src[0]).op is Ops.INDEX: b = b.src[0]
+      if b.op is not Ops.DEFINE_LOCAL: return False
+  return parallel == 1
+
+
 class CRenderer:
-  """Renders the kernels of one realize into one C source (one compiler call)."""
+  """Renders the kernels of one realize into one C source (one compiler call).
+
+  A kernel of one parallel loop (`one_parallel_loop`) is three functions: NAME_work, the work of one thread of a team
+  (the loop a worksharing one, `#pragma omp for nowait`); NAME(buffers), which starts a team for it alone (a parallel
+  region around NAME_work: what `#pragma omp parallel for` did); and NAME_team(const uintptr_t* buffers), the same work
+  for a thread of a team that runs several kernels in one parallel region, its buffers in an array (runtime/cpu.py
+  `run_team`: the threads of a host program's run wake once, not once per kernel)."""
   language = C
   device_loops = False  # loops stay loops on the CPU (CUDA maps them onto threads)
 
-  def render(self, name: str, linear: UOp) -> str: return render_kernel(name, linear, c_rules + cstyle_rules, C)
+  def render(self, name: str, linear: UOp) -> str:
+    if not one_parallel_loop(linear): return render_kernel(name, linear, c_rules + cstyle_rules, C)
+    return render_kernel(f"{name}_work", linear, c_rules + cstyle_rules, C_WORK) + "\n\n" + team_entries(name, kernel_params(linear, C))
+
+  def source(self, kernels: list[str]) -> str: return "\n".join(C.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
+
+
+def team_entries(name: str, params: list[str]) -> str:
+  """NAME(params), a team of its own running NAME_work, and NAME_team(a), NAME_work on the buffers of array `a` for a
+  thread of a team already running (CRenderer)."""
+  names = [p.rsplit(" ", 1)[1] for p in params]
+  types = [p.rsplit(" ", 1)[0].replace(f" {C.restrict}", "") for p in params]
+  return "\n".join([f"void {name}({', '.join(params)}) {{", "  #pragma omp parallel", f"  {name}_work({', '.join(names)});", "}", "",
+                    f"void {name}_team(const uintptr_t* a) {{ {name}_work({', '.join(f'({t})a[{i}]' for i, t in enumerate(types))}); }}"])
 
   def source(self, kernels: list[str]) -> str: return "\n".join(C.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
 

@@ -160,22 +160,29 @@ class Library:
                          f"is it declared static?") from None
 
   def unload(self) -> None:
-    for program in list(self.programs): program.fn = None  # its next call loads the library again
+    for program in list(self.programs): program.fn = program.team = None  # its next call loads the library again
     self.ffi.dlclose(self.handle)
     self.ffi = self.handle = None  # what stays, while its programs live, is the source and declarations to reload
 
 
 class CPUProgram:
-  """One kernel of a loaded library. Call it with buffer handles and ints, in the order of its C parameters."""
-  __slots__ = ("name", "fn", "prototype", "library", "device", "__weakref__")
+  """One kernel of a loaded library. Call it with buffer handles and ints, in the order of its C parameters. `team`:
+  the address of its NAME_team function (renderers/c.py CRenderer), for `run_team`, where the source has one."""
+  __slots__ = ("name", "fn", "team", "teamed", "prototype", "library", "device", "__weakref__")
 
-  def __init__(self, name: str, library: Library, prototype: str, device: CPUDevice):
-    self.name, self.prototype, self.device = name, prototype, device
+  def __init__(self, name: str, library: Library, prototype: str, device: CPUDevice, teamed: bool = False):
+    self.name, self.prototype, self.device, self.teamed = name, prototype, device, teamed
     self._attach(library)
 
   def _attach(self, library: Library) -> None:
     self.library, self.fn = library, library.function(self.name)
+    self.team = int(library.ffi.cast("uintptr_t", library.function(f"{self.name}_team"))) if self.teamed else None
     library.programs.add(self)
+
+  def loaded(self) -> CPUProgram:
+    """Itself, its library loaded again first if the cap unloaded it."""
+    if self.fn is None: self._attach(self.device.library(self.library.source, self.library.cdef))
+    return self
 
   @property
   def path(self) -> Path: return self.library.path
@@ -191,8 +198,7 @@ class CPUProgram:
       return time.perf_counter() - t0
     except TypeError as e:
       if self.fn is None:  # its library was unloaded to keep within the cap: load it again (no cost until then)
-        self._attach(self.device.library(self.library.source, self.library.cdef))
-        return self(*args, wait=wait)
+        return self.loaded()(*args, wait=wait)
       raise TypeError(f"kernel {self.prototype} (from {self.path}) called with {len(args)} arguments "
                       f"{args!r}: {e}; pass buffer handles as ints") from None
 
@@ -226,12 +232,28 @@ class CPUDevice(Device):
     self.memory_bytes = host_memory_bytes()
     # loaded libraries by (path, cdef), least recently built or loaded first; at most max_libraries() of them
     self._libs: collections.OrderedDict[tuple[str, str], Library] = collections.OrderedDict()
+    self._runner: Library | None = None   # run_team's library (TEAM_RUNNER), built and loaded on first use
 
   def build(self, source: str, names: list[str]) -> dict[str, CPUProgram]:
-    """Compile `source` (one gcc call, cached on disk) and return a program for each kernel in `names`."""
+    """Compile `source` (one gcc call, cached on disk) and return a program for each kernel in `names` (with the
+    address of its NAME_team function where the source defines one)."""
     names = list(names)
-    library = self.library(source, "\n".join(kernel_prototype(source, n) for n in names))
-    return {n: CPUProgram(n, library, _find_kernel(source, n).group(0).strip(), self) for n in names}
+    teamed = {n for n in names if _defines(source, f"{n}_team")}
+    library = self.library(source, "\n".join(kernel_prototype(source, n) for n in [*names, *(f"{n}_team" for n in teamed)]))
+    return {n: CPUProgram(n, library, _find_kernel(source, n).group(0).strip(), self, n in teamed) for n in names}
+
+  def run_team(self, calls: list[tuple[CPUProgram, list[int]]]) -> None:
+    """Kernels one after another in one parallel region: its threads wake once, not once per kernel (each kernel's
+    NAME_team runs its share of its loop on every thread; the team waits for all of it before the next kernel).
+    `calls`: (a program with a `team` address, the buffer handles of its parameters)."""
+    if self._runner is None:   # loaded once, outside the cap: never unloaded while the device lives
+      key_extra, build = _gcc_build()
+      cdef = "void g_run_team(int, uintptr_t*, int*, uintptr_t*);"
+      self._runner = cache.load_cached(TEAM_RUNNER, key_extra, ".so", build, lambda path: Library(path, cdef, TEAM_RUNNER))[1]
+    teams, offsets, args = [], [], []
+    for program, handles in calls:
+      teams.append(program.loaded().team); offsets.append(len(args)); args += handles
+    self._runner.handle.g_run_team(len(calls), teams, offsets, args)   # (cffi passes each list as a C array)
 
   def library(self, source: str, cdef: str) -> Library:
     """The loaded library of `source` declared by `cdef`: built (or found in the cache) and loaded when it is not
@@ -248,6 +270,45 @@ class CPUDevice(Device):
     library = self._libs[key] = Library(path, cdef, source)
     while len(self._libs) > cap: self._libs.popitem(last=False)[1].unload()
     return library
+
+
+# The parallel region of `CPUDevice.run_team`: each thread runs its share of each kernel (NAME_team), then waits at a
+# barrier of its own for the others before the next kernel (and after the last one, so that none sleeps at libgomp's
+# barrier that ends the region). The wait spins (a few microseconds, the end of a kernel's
+# last chunks) rather than sleeping as libgomp's barrier does here (OMP_WAIT_POLICY=passive, above), where waking a
+# halted virtual CPU costs more than that; past SPIN rounds it yields the core to whoever else needs it (a loaded
+# machine: the thread it waits for may be waiting for that core).
+TEAM_RUNNER = """#include <stdint.h>
+#include <sched.h>
+#include <omp.h>
+typedef void (*g_team_fn)(const uintptr_t*);
+#define SPIN 20000
+static void g_team_barrier(int* arrived, int* generation, int threads) {
+  int gen = __atomic_load_n(generation, __ATOMIC_ACQUIRE);
+  if (__atomic_add_fetch(arrived, 1, __ATOMIC_ACQ_REL) == threads) {
+    __atomic_store_n(arrived, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(generation, gen + 1, __ATOMIC_RELEASE);
+    return;
+  }
+  for (long spins = 0; __atomic_load_n(generation, __ATOMIC_ACQUIRE) == gen; spins++) {
+    if (spins >= SPIN) sched_yield();
+#if defined(__x86_64__)
+    else __builtin_ia32_pause();
+#endif
+  }
+}
+void g_run_team(int n, const uintptr_t* fns, const int* offsets, const uintptr_t* args) {
+  int arrived = 0, generation = 0;
+  #pragma omp parallel
+  {
+    int threads = omp_get_num_threads();
+    for (int i = 0; i < n; i++) {   /* (after the last kernel too: the threads then reach the region's end together) */
+      ((g_team_fn)fns[i])(args + offsets[i]);
+      g_team_barrier(&arrived, &generation, threads);
+    }
+  }
+}
+"""
 
 
 # ---------------------------------------------------------------- compiler
@@ -330,6 +391,10 @@ def library_path(source: str) -> Path:
 
 
 # ---------------------------------------------------------------- prototypes
+
+def _defines(source: str, name: str) -> bool:
+  return re.search(rf"^[ \t]*void[ \t]+{re.escape(name)}[ \t]*\(", source, re.M) is not None
+
 
 def _find_kernel(source: str, name: str) -> re.Match:
   m = re.search(rf"^[ \t]*void[ \t]+{re.escape(name)}[ \t]*\(([^)]*)\)", source, re.M)

@@ -104,6 +104,7 @@ class Program:
     ios = [f"{names[i]} {e[3].name}[{e[2]}]" if e[0] == "new" else f"{names[i]} {e[2].name}[{e[3]}]"
            for i, e in enumerate(self.table) if e[0] != "temp"]
     self.listing = "\n".join([head, "  buffers: " + ", ".join(ios)] + [f"  {ln}" for ln in lines])
+    self.run_steps = teams(self.steps)   # what a run without per-kernel timing runs
     self.ran: list[str] = []  # what DEBUG=2 says about the last run's choices
     self.devices = frozenset(ck.device for ck in self.kernels_called())  # to wait for after each run
     self.explanations: list[str] = []  # the pipeline's decisions (DEBUG=2)
@@ -132,10 +133,13 @@ class Program:
     sum is the device's share of a run (benchmarks tell host time from kernel time by it)."""
     buffers, handles = self.bind(inputs)
     storage: list = [None] * len(self.storages)
+    # kernel by kernel where each is timed (DEBUG=2, step_seconds, the viewer's recorder), else consecutive CPU kernels
+    # in one parallel region
+    steps = self.steps if debug >= 2 or step_seconds is not None or viz.recorder is not None else self.run_steps
     done = 0   # steps run to their end
     try:
       if step_seconds is None:
-        for step in self.steps: self._step(step, handles, storage, debug); done += 1
+        for step in steps: self._step(step, handles, storage, debug); done += 1
       else:
         devices = [get_device(d) for d in sorted(self.devices)]
         for step in self.steps:
@@ -149,7 +153,7 @@ class Program:
     except BaseException as e:
       # which of the memory it was given the run had written (in place: a parameter, an optimizer's state), for the
       # caller to say which of its tensors hold new values and which old ones
-      ran = {self.table[i][1] for s in self.steps[:done] for i in self.step_buffers(s)[0] if self.table[i][0] == "param"}
+      ran = {self.table[i][1] for s in steps[:done] for i in self.step_buffers(s)[0] if self.table[i][0] == "param"}
       e.written_inputs = [inputs[j] for j in sorted(ran)]
       raise
     finally:
@@ -162,7 +166,7 @@ class Program:
     """(table entries written, entries read) of one step (a pick's: the option it took, else its first)."""
     if step[0] in ("alloc", "free"): return set(), set()
     if step[0] == "copy": return {step[1]}, {step[2]}
-    calls = [(step[1], step[2])] if step[0] == "call" else \
+    calls = [(step[1], step[2])] if step[0] == "call" else step[2] if step[0] == "team" else \
             [(step[3], [step[4][i] for i in step[3].args])] if step[0] == "extern" else (step[2][1] or step[1][0][1])
     written, read = set(), set()
     for ck, idx in calls:
@@ -192,6 +196,9 @@ class Program:
     if kind == "call":   # (the common step first)
       _, ck, idx = step
       _run_kernel(ck, [handles[i] for i in idx], debug)
+    elif kind == "team":
+      _, device, calls = step
+      get_device(device).run_team([(ck.program, [handles[i] for i in idx]) for ck, idx in calls])
     elif kind == "alloc":
       _, i, s, device, size = step
       if storage[s] is None: storage[s] = get_device(device).allocator.alloc(size)
@@ -247,6 +254,31 @@ class Program:
     key = ("variants", *(f"{name}: {' '.join(ck.name for ck, _ in calls)}" for name, calls in options),
            getattr(dev, "device_name", dev.name))
     return pick.choose(key, {name: _timed(dev, lambda calls=calls: run_all(calls)) for name, calls in options})
+
+
+def teams(steps: list[tuple]) -> list[tuple]:
+  """The steps as a run without per-kernel timing takes them: each stretch of two or more calls of kernels that a team
+  of threads can share (a CPU kernel with a NAME_team function, renderers/c.py), with nothing but allocs and frees
+  between them, becomes one ("team", device, calls) step, its allocs moved before it and its frees after (a storage's
+  memory is taken a little earlier and given back a little later; no two buffers of one storage overlap more than
+  before: a buffer's storage is the same whenever it is taken)."""
+  out: list[tuple] = []
+  stretch: list[tuple] = []   # the steps since the stretch's first call
+  def close() -> None:
+    calls = [(s[1], s[2]) for s in stretch if s[0] == "call"]
+    if len(calls) < 2: out.extend(stretch)
+    else:
+      out.extend(s for s in stretch if s[0] == "alloc")
+      out.append(("team", calls[0][0].device, calls))
+      out.extend(s for s in stretch if s[0] == "free")
+    stretch.clear()
+  for step in steps:
+    if step[0] == "call" and getattr(step[1].program, "teamed", False) or stretch and step[0] in ("alloc", "free"):
+      stretch.append(step)
+    else:
+      close(); out.append(step)
+  close()
+  return out
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,21 @@ def test_listing_of_two_kernels_names_buffers_sizes_and_steps():
   free   t0 (storage s0 back to {x.device})"""
 
 
+def test_consecutive_cpu_kernels_run_in_one_parallel_region():
+  # a 3-layer mlp: its threads wake once per call, not once per kernel (renderers/c.py, runtime/cpu.py run_team); the
+  # intermediates' allocs move before the team and their frees after it
+  x, ws = arr(64, 128), [arr(128, 128) / 12 for _ in range(3)]
+  out = Tensor(x)
+  for w in ws: out = (out @ Tensor(w)).relu()
+  ref = x
+  for w in ws: ref = np.maximum(ref @ w, 0)
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+  p = last_program()
+  assert [s[0] for s in p.run_steps] == ["alloc", "alloc", "team", "free", "free"]
+  assert [ck.name for ck, _ in p.run_steps[2][2]] == [ck.name for ck in p.kernels_called()]
+  assert "team" not in str(p)   # the listing is the plan's, a step per kernel
+
+
 def test_a_single_kernel_needs_no_allocation():
   x = Tensor(arr(3, 5))
   (x * 3).realize()

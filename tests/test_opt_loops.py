@@ -37,9 +37,9 @@ def test_a_parallel_loop_is_dealt_to_threads_in_chunks_as_they_come_free():
   # a thread that has its core takes what a late or descheduled one has not reached; up to 64 chunks a loop
   from runtime.device import get_device
   src = lambda t: get_device("CPU").renderer.render("k", lowered(t, Opt(OptKind.PARALLEL, 0))[0])
-  assert "#pragma omp parallel for schedule(dynamic, 1)\n" in src(Tensor(a) + 1)   # 6 trips: one chunk each
+  assert "#pragma omp for schedule(dynamic, 1) nowait\n" in src(Tensor(a) + 1)   # 6 trips: one chunk each
   big = rng.standard_normal((1000, 64), dtype=np.float32)
-  assert "#pragma omp parallel for schedule(dynamic, 16)\n" in src(Tensor(big) + 1)   # 1000 trips: 63 chunks of 16
+  assert "#pragma omp for schedule(dynamic, 16) nowait\n" in src(Tensor(big) + 1)   # 1000 trips: 63 chunks of 16
   assert_allclose(run_with(Tensor(big) + 1, Opt(OptKind.PARALLEL, 0)), big + 1)
 
 

@@ -141,6 +141,35 @@ def test_loaded_libraries_are_capped_and_evicted_kernels_load_again(cpu, cache_e
   with pytest.raises(ValueError, match="GRAFT_MAX_LIBRARIES='many'"): cpu.build(ADD, ["add"])
 
 
+def rotate_kernel(name: str, n: int) -> str:
+  """out[i] = a[(i + n/2) % n] + 1, a loop of one-element chunks that the threads of a team share (renderers/c.py's
+  form): each half of out is read from the half that other chunks write."""
+  from renderers.c import team_entries
+  return f"""#include <stdint.h>
+static void {name}_work(float* restrict out, const float* restrict a) {{
+  #pragma omp for schedule(dynamic, 1) nowait
+  for (int i = 0; i < {n}; i++) out[i] = a[(i + {n // 2}) % {n}] + 1;
+}}
+{team_entries(name, ["float* restrict out", "const float* restrict a"])}
+"""
+
+
+def test_a_team_runs_kernels_one_after_another_in_one_parallel_region(cpu, cache_env, monkeypatch):
+  n = 1 << 12
+  rotate = cpu.build(rotate_kernel("rotate", n), ["rotate"])["rotate"]
+  assert rotate.team is not None and cpu.build(ADD, ["add"])["add"].team is None   # no add_team: a team of its own
+  a = Buffer("CPU", n, dtypes.float32).copyin(np.arange(n, dtype=np.float32))
+  b, c, d = (Buffer("CPU", n, dtypes.float32) for _ in range(3))
+  # each kernel reads what the one before wrote on other threads: the team waits for all of it in between
+  for _ in range(20): cpu.run_team([(rotate, [b.handle, a.handle]), (rotate, [c.handle, b.handle]), (rotate, [d.handle, c.handle])])
+  np.testing.assert_array_equal(d.numpy(), np.roll(np.arange(n, dtype=np.float32), -n // 2) + 3)
+  monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "1")
+  cpu.build(ADD.replace("a[i] + b[i]", "a[i] - b[i]"), ["add"])   # unloads rotate's library: the team loads it again
+  assert rotate.team is None
+  cpu.run_team([(rotate, [b.handle, a.handle]), (rotate, [c.handle, b.handle])])
+  np.testing.assert_array_equal(c.numpy(), np.arange(n, dtype=np.float32) + 2)
+
+
 def test_tensor_programs_outlive_their_libraries(cache_env, monkeypatch):
   from tensor import Tensor
   monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "2")
