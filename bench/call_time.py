@@ -1,11 +1,19 @@
-"""A warm call of a memory-bound workload on a GPU, taken apart (issue 23: the memory-bound rows against
-torch.compile): the wall time of one plain call (`f(x).realize()` and a synchronize, as bench/workloads.py times it),
-the kernels' own time (CUDA events around each launch), the host time before the first launch (what no kernel can
-hide), and torch eager / torch.compile timed both ways (CUDA events, as workloads.py did, and wall clock with a
-synchronize, as Graft is timed).
+"""A warm call of a workload taken apart (issue 23, the memory-bound rows against torch.compile, on a GPU; issue 21,
+the mlp and attn rows against torch eager, on the CPU): the wall time of one plain call (`f(x).realize()` and a
+synchronize, as bench/workloads.py times it), the kernels' own time, the host time before the first launch (what no
+kernel can hide), and torch timed beside it.
 
   python3 bench/call_time.py [--only sum,layernorm] [--calls 50] [--profile 20] [--no-compile]
-Needs a CUDA GPU; inputs 16384 x 16384 float32 (bench/workloads.py's CUDA sizes).
+  python3 bench/call_time.py --device CPU [--only mlp,attn] [--calls 50]
+
+GPU (needs CUDA): inputs 16384 x 16384 float32 (bench/workloads.py's CUDA sizes); the kernels by CUDA events around
+each launch; torch eager and torch.compile timed both ways (CUDA events, and wall clock with a synchronize, as Graft).
+CPU: bench/workloads.py's CPU sizes and inputs; the kernels each timed alone (the host program run with each step
+waited for); beside the plain call, the same call with one parallel region per kernel (what ran before a host program's
+consecutive kernels shared one team of threads, runtime/cpu.py `run_team`), alternating call by call so that a shared
+machine's load falls on both alike; per call, the parallel regions started and the process's voluntary context switches
+(a thread that sleeps and is woken again: OMP_WAIT_POLICY=passive); torch eager last (its OpenMP threads spin after its
+calls, and would take the cores from Graft's). Medians and minima of wall time.
 """
 from __future__ import annotations
 import argparse, os, statistics, sys, time
@@ -21,7 +29,9 @@ def main():
   ap.add_argument("--size", type=int, default=16384)
   ap.add_argument("--profile", type=int, default=0, help="print this many lines of a profile of the warm calls")
   ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+  ap.add_argument("--device", default="CUDA", type=str.upper, choices=("CUDA", "CPU"))
   args = ap.parse_args()
+  if args.device == "CPU": return cpu_main(args)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from workloads import WORKLOADS
   from tensor import Tensor
@@ -86,6 +96,55 @@ def main():
             f"{mw / wall:.3f}x (wall)", flush=True)
     del gx, ts, out, prog, inputs
     torch.cuda.empty_cache()
+
+
+def cpu_main(args) -> None:
+  import resource
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from workloads import WORKLOADS, SIZES, make_inputs
+  from tensor import Tensor
+  from runtime.realize import find_program
+  only = "mlp,attn" if args.only == "ew,sum,softmax,layernorm" else args.only
+  def switches() -> int: return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+  results = {}
+  for name in only.split(","):
+    w = WORKLOADS[name]
+    arrays = make_inputs(w, SIZES["CPU"][name])
+    ts = [Tensor(a) for a in arrays]
+    for _ in range(5): w.graft(*ts).realize()
+    out = w.graft(*ts)
+    prog, inputs = find_program([(out.uop, out.device)])
+    teamed = prog.run_steps
+    kinds = {"plain call": teamed, "one region per kernel": prog.steps}
+    walls, csw = {k: [] for k in kinds}, {k: [] for k in kinds}
+    for _ in range(args.calls):
+      for k, steps in kinds.items():
+        prog.run_steps = steps
+        c0, t0 = switches(), time.perf_counter()
+        w.graft(*ts).realize()
+        walls[k].append((time.perf_counter() - t0) * 1e3); csw[k].append(switches() - c0)
+    prog.run_steps = teamed
+    kern = []
+    for _ in range(10):
+      secs = []; prog.run(inputs, step_seconds=secs); kern.append(sum(secs) * 1e3)
+    calls = sum(s[0] in ("call", "extern", "pick") for s in prog.steps)
+    for k, steps in kinds.items():
+      regions = sum(s[0] in ("call", "extern", "pick", "team") for s in steps)
+      print(f"{name}: graft {k:<22s} wall {statistics.median(walls[k]):7.3f} ms (min {min(walls[k]):7.3f}); {calls} kernels "
+            f"in {regions} parallel regions; voluntary context switches {statistics.median(csw[k]):.0f} a call", flush=True)
+    print(f"{name}: kernels each alone {statistics.median(kern):7.3f} ms", flush=True)
+    results[name] = (w, arrays, statistics.median(walls["plain call"]))
+  try: import torch
+  except ImportError: return
+  torch.set_grad_enabled(False)
+  for name, (w, arrays, graft) in results.items():
+    tx = [torch.from_numpy(a) for a in arrays]
+    for _ in range(5): w.torch(*tx)
+    wl = []
+    for _ in range(args.calls):
+      t0 = time.perf_counter(); w.torch(*tx); wl.append((time.perf_counter() - t0) * 1e3)
+    print(f"{name}: torch eager wall {statistics.median(wl):7.3f} ms (min {min(wl):7.3f}); graft/torch "
+          f"{statistics.median(wl) / graft:.3f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The C renderer: linear kernels -> C source for gcc, loops run in parallel with OpenMP.
 
 Rules (`c_rules`, before the shared `cstyle_rules`) for what only C says: a loop marked "parallel" by the opt stage
-gets `#pragma omp parallel for`, an innermost reduction loop marked "simd" gets `#pragma omp simd reduction(...)` so
+gets `#pragma omp parallel for` (or, in a kernel a team of threads may share, `#pragma omp for ... nowait`:
+`CRenderer`), an innermost reduction loop marked "simd" gets `#pragma omp simd reduction(...)` so
 that gcc vectorizes it without licence to reorder anything else (no -ffast-math). Vector values (dtype `T.vec(n)`,
 made by rules/opt/vector.py) are gcc vector extensions, `floatx16` for `float32.vec(16)`: arithmetic is written as
 for scalars, a vector load or store goes through a pointer to the vector type (declared with the element's alignment

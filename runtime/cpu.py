@@ -253,6 +253,9 @@ class CPUDevice(Device):
     teams, offsets, args = [], [], []
     for program, handles in calls:
       teams.append(program.loaded().team); offsets.append(len(args)); args += handles
+    if any(program.team is None for program, _ in calls):   # loading one unloaded another (the cap): one by one
+      for program, handles in calls: program(*handles)
+      return
     self._runner.handle.g_run_team(len(calls), teams, offsets, args)   # (cffi passes each list as a C array)
 
   def library(self, source: str, cdef: str) -> Library:

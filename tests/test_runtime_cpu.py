@@ -168,6 +168,10 @@ def test_a_team_runs_kernels_one_after_another_in_one_parallel_region(cpu, cache
   assert rotate.team is None
   cpu.run_team([(rotate, [b.handle, a.handle]), (rotate, [c.handle, b.handle])])
   np.testing.assert_array_equal(c.numpy(), np.arange(n, dtype=np.float32) + 2)
+  # kernels of two libraries under a cap of one: loading the second unloads the first, so they run one by one
+  other = cpu.build(rotate_kernel("other", n), ["other"])["other"]
+  cpu.run_team([(rotate, [b.handle, a.handle]), (other, [c.handle, b.handle]), (rotate, [d.handle, c.handle])])
+  np.testing.assert_array_equal(d.numpy(), np.roll(np.arange(n, dtype=np.float32), -n // 2) + 3)
 
 
 def test_tensor_programs_outlive_their_libraries(cache_env, monkeypatch):
