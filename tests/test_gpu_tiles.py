@@ -111,6 +111,8 @@ def test_the_tile_kernel_stages_operands_in_shared_memory_between_barriers():
   assert "*(data1+" in before and "*(data2+" in before
   trip = loop[:loop.index("(__syncthreads(), local")]
   assert trip.index("*(local") < trip.index("*(data1+") and trip.index("*(local") < trip.index("*(data2+")
+  # two blocks a multiprocessor: one computes while the other waits at a barrier
+  assert re.search(r"__launch_bounds__\(\d+, 2\)", src)
   assert len(re.findall(r"acc\d+ = 0\.0f;", src)) == 64           # an 8 x 8 register tile per lane
   # the epilogue (bias, GELU's tanh through exp2) is in the same kernel, applied to each register before its store
   assert "exp2f" in src and src.count("*(data0+") == 64
