@@ -183,7 +183,11 @@ class CUDARenderer:
     threads = dims[1][0] if dims else 1
     synced, waiting = barriers(linear)
     shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
-    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void', synced_loops=synced,
+    # a block that refills shared tiles waits at their barriers: a second block on the multiprocessor computes
+    # meanwhile. Asking for 2 (at most 128 registers a lane for 256) keeps the 8x8 register tile with its prefetched
+    # next slice at 2 blocks: ptxas took 130 registers, 1 block, and 4096^3 ran 17% slower (docs/design.md)
+    bounds = f"{threads}, 2" if synced and threads <= 256 else f"{threads}"
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({bounds}){shared} void', synced_loops=synced,
                    waiting_barriers=waiting)
     rules = mma_rules + cuda_rules + cstyle_rules
     return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)

@@ -73,7 +73,9 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
         else: del loop_start[r]
       elif u.op is Ops.DEFINE_ACC:
         red = u.src[0]
-        init = red.src[0].src[1].arg[1] if red.arg is Ops.NOOP else 0 if red.arg is Ops.ADD else dtypes.min(red.dtype)
+        carry = red.src[0].src[1] if red.arg is Ops.NOOP else None
+        init = (v(carry.src[1]) if carry.arg[1] is None else carry.arg[1]) if carry is not None else \
+          0 if red.arg is Ops.ADD else dtypes.min(red.dtype)
         val[red] = np.array(init, red.dtype.np)
       elif u.op is Ops.ASSIGN:   # a carried accumulator (REDUCE of NOOP, rules/attention.py) takes its new value
         red = u.src[0]

@@ -105,6 +105,14 @@ def test_the_tile_kernel_stages_operands_in_shared_memory_between_barriers():
   loop = src[src.index("for (int ridx"):]
   assert "__syncthreads();\n" in loop                              # and the next fill waits for the reads
   assert "#pragma unroll" in loop                                  # the slice's steps read shared tiles into registers
+  # double buffering in registers: slice 0's share of each tile is loaded before the loop; each trip stores what it
+  # holds, then issues the next slice's loads, which are in flight while the block waits and multiplies
+  before = src[:src.index("for (int ridx")]
+  assert "*(data1+" in before and "*(data2+" in before
+  trip = loop[:loop.index("(__syncthreads(), local")]
+  assert trip.index("*(local") < trip.index("*(data1+") and trip.index("*(local") < trip.index("*(data2+")
+  # two blocks a multiprocessor: one computes while the other waits at a barrier
+  assert re.search(r"__launch_bounds__\(\d+, 2\)", src)
   assert len(re.findall(r"acc\d+ = 0\.0f;", src)) == 64           # an 8 x 8 register tile per lane
   # the epilogue (bias, GELU's tanh through exp2) is in the same kernel, applied to each register before its store
   assert "exp2f" in src and src.count("*(data0+") == 64

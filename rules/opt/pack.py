@@ -73,18 +73,39 @@ def stage_operands(ctx: OptContext, red: UOp) -> UOp | None:
   """A GPU tile plan's `pack(k)`, k a reduction loop: the factors of a sum of products over k's outer loop (a slice)
   are staged in the block's shared memory once per slice, each as a whole (an elementwise prologue, layer norm's
   `(x - mean) * rstd * g`, is computed once per element as the tile is filled, not once per use); `stage` says how."""
-  if not ctx.device_loops: return None
+  if not ctx.device_loops or red.arg is not Ops.ADD: return None
   slices = [q for o in ctx.opts_of_kind(OptKind.PACK) if (q := ctx.current_loop(o.axis)) is not None and q in red.src[1:]]
   if not slices or any(n.op is Ops.DEFINE_LOCAL for n in red.src[0].toposort): return None
   factors = list(red.src[0].src) if red.src[0].op is Ops.MUL else [red.src[0]]
   tiles = {f: t for f in factors if (t := stage(ctx, f, slices[0])) is not None}
   if not tiles: return None
-  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once
-  fills = tuple(st for _, sts, _ in tiles.values() for st in sts)
-  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills)), slot)),))
+  fills, nexts, carried = prefetched([st for _, sts, _ in tiles.values() for st in sts], slices[0])
+  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once;
+  # the next slice's loads are sources of the wait too, so they are issued before it and fly during the arithmetic
+  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills, *nexts)), slot)),))
            for f, (local, _, slot) in tiles.items()}
   value = red.src[0].replace(src=tuple(reads.get(f, f) for f in factors)) if red.src[0].op is Ops.MUL else reads[red.src[0]]
-  return red.replace(src=(value, *red.src[1:]))
+  staged = red.replace(src=(value, *red.src[1:]))
+  return UOp(Ops.NOOP, red.dtype, (staged, *carried)) if carried else staged
+
+
+def prefetched(fills: list[UOp], slice_loop: UOp) -> tuple[tuple[UOp, ...], tuple[UOp, ...], tuple[UOp, ...]]:
+  """Double buffering in registers: (the fills, the next slice's values, the carried registers' last values). Each
+  fill stores a register (a CARRY) that holds its value for this slice: loaded before the loop for slice 0, and in
+  each trip for the next slice (the last trip reloads its own: no address past the operand), so a slice's loads are
+  in flight while the block computes the one before it, instead of each trip waiting for its loads first."""
+  if slice_loop.src[0].arg < 2: return tuple(fills), (), ()
+  last = UOp.const(slice_loop.dtype, slice_loop.src[0].arg - 1)
+  following = (slice_loop < last).where(slice_loop + 1, last)
+  out, nexts, ends = [], [], []
+  for st in fills:
+    value = st.src[1]
+    start, nxt = at_values(value, {slice_loop: UOp.const(slice_loop.dtype, 0)}), at_values(value, {slice_loop: following})
+    reg = UOp(Ops.CARRY, value.dtype, (slice_loop, start), ("prefetch", None))
+    out.append(st.replace(src=(st.src[0], reg)))
+    nexts.append(nxt)
+    ends.append(UOp(Ops.REDUCE, value.dtype, (UOp(Ops.NOOP, value.dtype, (nxt, reg)), slice_loop), Ops.NOOP))
+  return tuple(out), tuple(nexts), tuple(ends)
 
 
 def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp], UOp] | None:
