@@ -25,10 +25,12 @@ def plan_and_source(t: Tensor) -> tuple[str, str]:
 
 def test_a_product_gets_a_tile_plan_in_the_cpu_vocabulary():
   plan, _ = plan_and_source(T(4096, 64) @ T(64, 4096))
-  # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 8, staged
+  # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 16, staged
   assert plan == ("upcast(0, 8) local(0, 16) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) "
-                  "split(2, 8) pack(2) [heuristic]")
-  # fewer blocks of that tile than 6 a multiprocessor (256 here): 64 x 128 of 8 x 8 registers, 128 lanes, slices of 16
+                  "split(2, 16) pack(2) [heuristic]")
+  # slices of 8 where 16 does not divide k
+  assert "split(2, 8) pack(2)" in plan_and_source(T(4096, 72) @ T(72, 4096))[0]
+  # fewer blocks of that tile than 6 a multiprocessor (256 here): 64 x 128 of 8 x 8 registers, 128 lanes
   assert plan_and_source(T(2048, 64) @ T(64, 2048))[0] == ("upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) "
                                                           "upcast(1, 2) global(1) split(2, 16) pack(2) [heuristic]")
   # small products take smaller tiles, so their blocks still fill the multiprocessors
