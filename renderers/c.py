@@ -286,7 +286,7 @@ class CRenderer:
 
   A kernel of one parallel loop (`one_parallel_loop`) is three functions: NAME_work, the work of one thread of a team
   (the loop a worksharing one, `#pragma omp for nowait`); NAME(buffers), which starts a team for it alone (a parallel
-  region around NAME_work: what `#pragma omp parallel for` did); and NAME_team(const uintptr_t* buffers), the same work
+  region around NAME_work: what `#pragma omp parallel for` did); and NAME_team(void* const* buffers), the same work
   for a thread of a team that runs several kernels in one parallel region, its buffers in an array (runtime/cpu.py
   `run_team`: the threads of a host program's run wake once, not once per kernel)."""
   language = C
@@ -300,12 +300,12 @@ class CRenderer:
 
 
 def team_entries(name: str, params: list[str]) -> str:
-  """NAME(params), a team of its own running NAME_work, and NAME_team(a), NAME_work on the buffers of array `a` for a
+  """NAME(params), a team of its own running NAME_work, and NAME_team(a), NAME_work on the buffers of array `a` (void pointers: no header needed) for a
   thread of a team already running (CRenderer)."""
   names = [p.rsplit(" ", 1)[1] for p in params]
   types = [p.rsplit(" ", 1)[0].replace(f" {C.restrict}", "") for p in params]
   return "\n".join([f"void {name}({', '.join(params)}) {{", "  #pragma omp parallel", f"  {name}_work({', '.join(names)});", "}", "",
-                    f"void {name}_team(const uintptr_t* a) {{ {name}_work({', '.join(f'({t})a[{i}]' for i, t in enumerate(types))}); }}"])
+                    f"void {name}_team(void* const* a) {{ {name}_work({', '.join(f'({t})a[{i}]' for i, t in enumerate(types))}); }}"])
 
   def source(self, kernels: list[str]) -> str: return "\n".join(C.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
 

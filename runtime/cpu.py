@@ -284,7 +284,7 @@ class CPUDevice(Device):
 TEAM_RUNNER = """#include <stdint.h>
 #include <sched.h>
 #include <omp.h>
-typedef void (*g_team_fn)(const uintptr_t*);
+typedef void (*g_team_fn)(void* const*);
 #define SPIN 20000
 static void g_team_barrier(int* arrived, int* generation, int threads) {
   int gen = __atomic_load_n(generation, __ATOMIC_ACQUIRE);
@@ -306,7 +306,7 @@ void g_run_team(int n, const uintptr_t* fns, const int* offsets, const uintptr_t
   {
     int threads = omp_get_num_threads();
     for (int i = 0; i < n; i++) {   /* (after the last kernel too: the threads then reach the region's end together) */
-      ((g_team_fn)fns[i])(args + offsets[i]);
+      ((g_team_fn)fns[i])((void* const*)(args + offsets[i]));
       g_team_barrier(&arrived, &generation, threads);
     }
   }
