@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import detach_rules, stored_read_rules, share_rules, ShareContext, realize_rules, reuse_rules, ReuseContext, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
-from .realize import read_store_rules, StoreIndex, is_graph_store, is_stored_reduction
+from .realize import detach_rules, stored_read_rules, share_rules, realize_rules, reuse_rules, ReuseContext, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import read_store_rules, StoreIndex, is_graph_store, is_stored_reduction, is_shared_value_store, choose_shared_values
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -170,7 +170,8 @@ pipeline = Pipeline([
   Stage("attention", detach_rules + attention_rules, "graph", _attention_ctx),
   Stage("stored_reads", stored_read_rules, "graph", lambda run: StoreIndex(is_graph_store), top_down=True, prepare=StoreIndex.index,
         to_fixed_point=True),
-  Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
+  Stage("share", share_rules, "graph", lambda run: StoreIndex(is_shared_value_store), top_down=True,
+        prepare=choose_shared_values),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext(), prepare=RealizeContext.index_stored),
   Stage("reuse", reuse_rules, "graph", lambda run: ReuseContext()),
   Stage("stored_reductions", read_store_rules, "graph", lambda run: StoreIndex(is_stored_reduction), top_down=True,

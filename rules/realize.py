@@ -1,8 +1,9 @@
 """Realization: which tensor-level nodes become buffers, and the kernels that fill them.
 
-Stage `share` (rule set `share_rules`, ctx: `ShareContext`, its index made by `ShareContext.index_readers` before the
-rule runs) stores once a computed value that kernels of several depths read and would each recompute from two or
-more stored values: the residual stream of a stack of layers (`store_shared_values`).
+Stage `share` (rule set `share_rules`, ctx: `StoreIndex` of `is_shared_value_store`, its stores chosen by the policy
+`choose_shared_values` before the rules run) stores once a computed value that kernels of several depths read and
+would each recompute from two or more stored values: the residual stream of a stack of layers. Its rules are those of
+stored_reads: each reader reads the value from its store.
 
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
 `CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
@@ -343,6 +344,10 @@ read_store_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
   (UPat(name="u"), read_from_store),
 ], name="stored_reductions")
+share_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
+  (UPat(name="u"), read_from_store),
+], name="share")
 stored_read_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value),
   (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
@@ -351,28 +356,30 @@ stored_read_rules = PatternMatcher([
 
 
 # ---- share: a value read by kernels of several depths is stored once ----
-@dataclass
-class ShareContext:
-  """The share stage's context: its index of the tensor graph (prepare: `index_readers`), made once per realize.
-  `level[n]`: how many reductions deep n is computed (a reduction is one level above its input); `readers[n]`: the
-  lowest and highest level of the reductions and outputs that read n inline (not behind a buffer)."""
-  level: dict[UOp, int] = field(default_factory=dict)
-  readers: dict[UOp, tuple[int, int]] = field(default_factory=dict)
-  done: bool = False
+SHARED = Realized(None, "a value read by kernels of several depths, stored once (policy choose_shared_values)")
 
-  def index_readers(self, sink: UOp) -> None:
-    order = list(sink.toposort)
-    for n in order:
-      below = max([self.level[s] for s in n.src], default=0)
-      self.level[n] = below + 1 if n.op is Ops.REDUCE_AXIS else below
-    for n in reversed(order):   # users before their sources
-      if n.op is Ops.SINK: continue
-      mine = self.readers.setdefault(n, (self.level[n], self.level[n]))   # unread below: an output
-      # a reduction, a buffer or a copy is where inline reading stops: n's sources are read at its level
-      lo, hi = (self.level[n],) * 2 if n.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY) else mine
-      for s in n.src:
-        old = self.readers.get(s)
-        self.readers[s] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+def is_shared_value_store(c: UOp) -> bool: return c.arg == SHARED   # stage share's stores
+
+
+def reader_levels(sink: UOp) -> dict[UOp, tuple[int, int]]:
+  """Each node -> the lowest and highest reduction level of the reductions and outputs that read it inline (not behind
+  a buffer), where a node's level is how many reductions deep it is computed (a reduction is one above its input)."""
+  order = list(sink.toposort)
+  level: dict[UOp, int] = {}
+  for n in order:
+    below = max([level[s] for s in n.src], default=0)
+    level[n] = below + 1 if n.op is Ops.REDUCE_AXIS else below
+  readers: dict[UOp, tuple[int, int]] = {}
+  for n in reversed(order):   # users before their sources
+    if n.op is Ops.SINK: continue
+    mine = readers.setdefault(n, (level[n], level[n]))   # unread below: an output
+    # a reduction, a buffer or a copy is where inline reading stops: n's sources are read at its level
+    lo, hi = (level[n],) * 2 if n.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY) else mine
+    for s in n.src:
+      old = readers.get(s)
+      readers[s] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+  return readers
 
 
 def whole_reads(x: UOp, stored: set[UOp]) -> int:
@@ -391,29 +398,19 @@ def whole_reads(x: UOp, stored: set[UOp]) -> int:
   return len(found)
 
 
-def store_shared_values(ctx: ShareContext, sink: UOp) -> UOp | None:
-  """Each computed value read by kernels of several depths that would have each of them read two or more stored
-  values to recompute it, stored once instead: the residual stream of a transformer (x + attention(x) read by the next
-  layer norm's mean, its variance and the product after it) is one buffer per layer, not a sum recomputed from layer 0
-  by every later kernel. Values are chosen sources first, so a value over one chosen below reads that one buffer (the
-  norm's x - mean is not stored once x is)."""
-  if ctx.done: return None
-  ctx.done = True
-  chosen: list[UOp] = []
+def choose_shared_values(ctx: StoreIndex, sink: UOp) -> None:
+  """Stage share's policy (its prepare): each computed value read by kernels of several depths that would have each of
+  them read two or more stored values to recompute it is stored once, its store the index's: the residual stream of a
+  transformer (x + attention(x) read by the next layer norm's mean, its variance and the product after it) is one
+  buffer per layer, not a sum recomputed from layer 0 by every later kernel. Values are chosen sources first, so a
+  value over one chosen below reads that one buffer (the norm's x - mean is not stored once x is). The stage's rules
+  then read each from its store (`read_from_store`, as stored_reads does)."""
+  readers, chosen = reader_levels(sink), set()
   for n in sink.toposort:
-    if n.op not in GroupOp.Elementwise or (r := ctx.readers.get(n)) is None or r[0] == r[1]: continue
-    if whole_reads(n, set(chosen)) >= 2: chosen.append(n)
-  if not chosen: return None
-  stored: dict[UOp, UOp] = {}
-  for n in chosen:   # sources first: each one's value reads the buffers of those below it
-    stored[n] = UOp(Ops.CONTIGUOUS, n.dtype, (substitute(n, stored),),
-                    Realized(None, "a value read by kernels of several depths, stored once (rule store_shared_values)"))
-  return substitute(sink, stored)
-
-
-share_rules = PatternMatcher([
-  (UPat(Ops.SINK, name="sink"), store_shared_values),
-], name="share")
+    if n.op not in GroupOp.Elementwise or (r := readers.get(n)) is None or r[0] == r[1]: continue
+    if whole_reads(n, chosen) >= 2:
+      chosen.add(n)
+      ctx.store_of[n] = UOp(Ops.CONTIGUOUS, n.dtype, (n,), SHARED)
 
 
 # ---- kernelize ----
