@@ -18,6 +18,11 @@ that list: a pointer parameter takes a device pointer (an int, what the allocato
 a Python int or float converted to its declared C type (the renderer's indices and sizes are `int`: 32 bits, so a
 Python int outside int32 is refused instead of being truncated).
 
+A kernel may also take tensor maps (Hopper's TMA: renderers/cuda_tma.py): each declared by `G_TMAP(...)` before its
+name and passed as a `const __grid_constant__ g_tensor_map` parameter after the others. They are no arguments of the
+call: each launch makes them (`cuTensorMapEncodeTiled`, once per buffer pointer) from the pointer argument each names,
+so a warm call over new buffers copies from those.
+
 Launch geometry: `global_size` is the grid, in blocks (not threads), and `local_size` the block, in threads; each is
 a 3-tuple (shorter tuples and plain ints are padded with 1s). Launches go to the legacy default stream, so they run
 in order with each other and with the copies, and `copyout` waits for them.

@@ -34,7 +34,11 @@ On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile
 TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
 rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
 warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
-mma.sync.
+mma.sync. A 16-bit product on wgmma whose A and B are both matrices and that has no batch loop takes its tiles by TMA
+(`TileSpec.tma`, `TensorMaps`: A's rows, B's columns and each operand's offset, which the host's tensor maps need;
+renderers/cuda_tma.py): a producer warpgroup of TMA_PRODUCER threads after the tile's, its threads ending in the
+tile's call (in the graph they hold the accumulators of thread lidx % the tile's threads: the same outputs), and as
+many slices in flight as shared memory holds. A gathered A, a batch, and TF32 keep the cp.async copies.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
