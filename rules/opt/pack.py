@@ -97,15 +97,13 @@ def prefetched(fills: list[UOp], slice_loop: UOp) -> tuple[tuple[UOp, ...], tupl
   if slice_loop.src[0].arg < 2: return tuple(fills), (), ()
   last = UOp.const(slice_loop.dtype, slice_loop.src[0].arg - 1)
   following = (slice_loop < last).where(slice_loop + 1, last)
-  out, nexts, ends = [], [], []
-  for st in fills:
-    value = st.src[1]
-    start, nxt = at_values(value, {slice_loop: UOp.const(slice_loop.dtype, 0)}), at_values(value, {slice_loop: following})
-    reg = UOp(Ops.CARRY, value.dtype, (slice_loop, start), ("prefetch", None))
-    out.append(st.replace(src=(st.src[0], reg)))
-    nexts.append(nxt)
-    ends.append(UOp(Ops.REDUCE, value.dtype, (UOp(Ops.NOOP, value.dtype, (nxt, reg)), slice_loop), Ops.NOOP))
-  return tuple(out), tuple(nexts), tuple(ends)
+  # a register per loaded value (a vector's elements are stored from one register)
+  values = list(dict.fromkeys(st.src[1].src[0] if st.src[1].op is Ops.GEP else st.src[1] for st in fills))
+  regs = {v: UOp(Ops.CARRY, v.dtype, (slice_loop, at_values(v, {slice_loop: UOp.const(slice_loop.dtype, 0)})), ("prefetch", None))
+          for v in values}
+  nexts = tuple(at_values(v, {slice_loop: following}) for v in values)
+  ends = tuple(UOp(Ops.REDUCE, v.dtype, (UOp(Ops.NOOP, v.dtype, (nxt, regs[v])), slice_loop), Ops.NOOP) for v, nxt in zip(values, nexts))
+  return tuple(substitute(st, regs) for st in fills), nexts, ends
 
 
 def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp], UOp] | None:
@@ -139,12 +137,39 @@ def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp],
   idx = main.src[0].src[1] if main is not None else value
   fill_order = sorted(parts, key=lambda q: -abs(mean_step(idx, q)))
   local = UOp(Ops.DEFINE_LOCAL, value.dtype.ptr("shared"), (), (ctx.next_local(), size))
+  fastest, w = fill_order[-1], vector_width(value, idx, fill_order[-1], total, threads)
+  sizes = [q.src[0].arg for q in fill_order[:-1]] + [fastest.src[0].arg // w]
   lane, fills = special("lidx0", threads), []
-  for c in range(total // threads):
+  def fill(at: dict[UOp, UOp], v: UOp) -> UOp: return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), v))
+  for c in range(total // (threads * w)):
     f = lane + c * threads if c else lane
-    at = dict(zip(fill_order, split_flat(f, [q.src[0].arg for q in fill_order])))
-    fills.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), at_values(value, at))))
+    at = dict(zip(fill_order, split_flat(f, sizes)))
+    if w == 1:
+      fills.append(fill(at, at_values(value, at)))
+      continue
+    # a vector of w consecutive elements: one load; one store where they sit side by side in the tile too (a row
+    # of it: 16 bytes at once, no bank conflicts), else w stores (a tile stored along the other axis)
+    first = {**at, fastest: at[fastest] * w}
+    vec = at_values(value, first).replace(dtype=value.dtype.vec(w))
+    if out and fastest is out[-1] and all(k % w == 0 for _, k in terms_of(slot(first))): fills.append(fill(first, vec))
+    else: fills += [fill({**first, fastest: first[fastest] + e}, UOp(Ops.GEP, value.dtype, (vec, UOp.const(dtypes.index, e)))) for e in range(w)]
   return local, fills, slot({})
+
+
+VECTOR_BYTES = 16   # a lane's fill reads this much at once where it can: ld.global.v4, a quarter of the loads
+
+
+def vector_width(value: UOp, idx: UOp, fastest: UOp, total: int, threads: int) -> int:
+  """How many consecutive elements a lane's fill reads as one vector: VECTOR_BYTES' worth where the value is a plain
+  load of 4-byte elements (a prologue's arithmetic stays scalar), consecutive along the fill's fastest part, and each
+  vector's first element sits at a multiple of VECTOR_BYTES: the index's other terms and its constant are multiples
+  of the width (a buffer is at least 256-byte aligned, cuMemAlloc; a view's offset is in the index); else 1."""
+  w = VECTOR_BYTES // value.dtype.itemsize
+  if value.op is not Ops.LOAD or len(value.src) != 1 or value.dtype.itemsize != 4: return 1
+  if fastest.src[0].arg % w or total % (threads * w): return 1
+  terms = terms_of(idx)
+  if (fastest, 1) not in terms: return 1
+  return w if all(t is fastest or (k % w == 0 and (t is None or fastest not in t.toposort)) for t, k in terms) else 1
 
 
 MAX_SHARED_BYTES = 24 << 10   # a block's shared tiles together stay under 48 KiB (the static limit)
