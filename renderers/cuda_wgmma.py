@@ -64,8 +64,23 @@ def _op(ctype: str, n: int) -> str:
           f'                 : {outs}\n                 : "l"(a), "l"(b), "r"(1), "n"(TB));\n  }}\n}};')
 
 
+def _op_rs(n: int) -> str:
+  """One TF32 wgmma of m64n{n}k8 whose A is a warpgroup's registers (4 a lane: mma.m16n8k8's A fragment per warp) and
+  whose B is read from shared memory (K-major): the transposed product of a B stored along j."""
+  regs = n // 2
+  d = ", ".join(f"%{i}" for i in range(regs))
+  outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+  a = ", ".join(f"%{regs + i}" for i in range(4))
+  return (f"template <> struct g_wgmma_rs<{n}> {{\n"
+          f"  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned long long b) {{\n"
+          f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"\n'
+          f'                 : {outs}\n                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));\n  }}\n}};')
+
+
 PRELUDE = "\n".join([r"""
-template <class T, int N> struct g_wgmma_op;""", *(_op(c, n) for c in TYPES for n in WIDTHS), r"""
+template <class T, int N> struct g_wgmma_op;
+template <int N> struct g_wgmma_rs;""", *(_op(c, n) for c in TYPES for n in WIDTHS), *(_op_rs(n) for n in WIDTHS), r"""
 /* a shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units), 128-byte swizzle */
 __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
@@ -80,10 +95,14 @@ template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
   /* a slice: 128 bytes of k (a swizzled row); a chunk: 16 bytes; one wgmma: 32 bytes of k */
-  constexpr int E = sizeof(T), BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
+  /* SWAP (TF32, B along j): the transposed product, warpgroup g holding columns 64g.. of B's tile and every row of A's
+     (TF32's wgmma reads K-major operands only; a B along j is read from shared memory into registers as A's fragments) */
+  constexpr int E = sizeof(T);
+  constexpr bool SWAP = E == 4 && !B_ALONG_K;
+  constexpr int M = SWAP ? BN : BM, N = SWAP ? BM : BN;   /* the wgmma's rows (64 a warpgroup) and columns */
+  constexpr int BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = M * 2, KT = K / BK, REGS = N / 2;
   constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
-  static_assert(E == 2 || B_ALONG_K, "TF32's wgmma reads only K-major operands: a float32 B is stored along k");
-  static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
+  static_assert(M % 64 == 0 && (N == 128 || N == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
   static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
   /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
   const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
@@ -119,6 +138,9 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       if (B_ALONG_K) {
         const int row = c >> 3, chunk = c & 7;
         g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
+      } else if (SWAP) {   /* as stored: a row of BN floats per k, chunk c of row r at c ^ 2 (r % 4) (a warp's fragment reads hit 32 banks) */
+        const int row = c / (BN / 4), chunk = c % (BN / 4);
+        g_cp_async16(sb + row * (BN * 4) + ((chunk ^ ((row & 3) << 1)) << 4), B + (k0 + row) * LDB + chunk * CE);
       } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
         const int row = c / (BN / 8), chunk = c % (BN / 8);
         g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
@@ -135,12 +157,30 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
-    const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-    const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    if constexpr (SWAP) {
+      /* this lane's fragments of B's tile (m16n8k8's A per warp: columns 16w + lane/4 (+8), k lane%4 (+4) of each 8) */
+      const float* bt = reinterpret_cast<const float*>(smem + (kt % STAGES) * STAGE + A_BYTES);
+      const int col = (tid >> 5) * 16 + ((tid & 31) >> 2), kq = tid & 3;
+      unsigned frag[BK / KSTEP][4];
 #pragma unroll
-    for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+      for (int kk = 0; kk < BK / KSTEP; kk++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const int r = kk * KSTEP + kq + 4 * (q >> 1), cq = col + 8 * (q & 1);
+          frag[kk][q] = __float_as_uint(bt[r * BN + (((cq >> 2) ^ (kq << 1)) << 2) + (cq & 3)]);
+        }
+      const unsigned long long dx = g_wgmma_desc(sa, 16, 1024);   /* A's tile, all BM rows: the wgmma's K-major B */
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / KSTEP; kk++) g_wgmma_rs<N>::run(acc, frag[kk], dx + kk * 2);
+    } else {
+      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
+      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
+        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+    }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
     if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
