@@ -11,7 +11,7 @@ from __future__ import annotations
 import os, subprocess, sys
 
 VARIANTS = {   # label -> (the transposed product's one tile, or None for the committed tiles; wait for each own group)
-  "swapped 256x128 (committed)": (None, False),
+  "swapped 256x128 (committed: fragments held)": (None, False),
   "swapped 256x128, wait_group 0": (None, True),
   "swapped 128x128": ((128, 128, 8, 1, 32, 4), False),
   "swapped 128x256 (4 warpgroups)": ((128, 256, 16, 1, 32, 4), False),
@@ -40,7 +40,8 @@ def one(label: str) -> None:
   if label == "mma.sync (GRAFT_WGMMA=0)": os.environ["GRAFT_WGMMA"] = "0"
   dev = get_device("CUDA")
   rng = np.random.default_rng(0)
-  x, w = rng.standard_normal((N, N), dtype=np.float32), rng.standard_normal((N, N), dtype=np.float32) / np.sqrt(N)
+  x = rng.standard_normal((N, N), dtype=np.float32)
+  w = (rng.standard_normal((N, N), dtype=np.float32) / np.sqrt(N)).astype(np.float32)
   gx, gw = Tensor(x, device="CUDA").realize(), Tensor(w, device="CUDA").realize()
   f = (lambda a, b: a @ b.T) if transposed else (lambda a, b: a @ b)
   got = f(gx, gw).realize()
@@ -54,7 +55,7 @@ def one(label: str) -> None:
   t = timed(lambda: tx @ tw, torch.cuda.synchronize)
   want = (tx @ (tw.T if transposed else tw)).cpu().numpy()
   err = float(np.abs(got.numpy() - want).max() / np.abs(want).max())
-  print(f"{label:<34}{g * 1e3:9.3f}{2 * N ** 3 / g / 1e12:9.1f}{t * 1e3:10.3f}{t / g:7.2f}  {err:.1e}  {kind}{tile}>", flush=True)
+  print(f"{label:<44}{g * 1e3:9.3f}{2 * N ** 3 / g / 1e12:9.1f}{t * 1e3:10.3f}{t / g:7.2f}  {err:.1e}  {kind}{tile}>", flush=True)
 
 
 def main() -> None:
@@ -62,10 +63,10 @@ def main() -> None:
   import torch
   print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; fp32 {N}^3, GRAFT_TF32=1, GRAFT_EXTERN=0; "
         f"cuBLAS: torch x @ W with allow_tf32")
-  print(f"{'variant':<34}{'graft ms':>9}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'ratio':>7}  err      kernel")
+  print(f"{'variant':<44}{'graft ms':>9}{'TFLOP/s':>9}{'cuBLAS ms':>10}{'ratio':>7}  err      kernel")
   for label in (*VARIANTS, "mma.sync (GRAFT_WGMMA=0)", "x @ W.T"):
     r = subprocess.run([sys.executable, __file__, label], capture_output=True, text=True)
-    print(r.stdout.strip() if r.returncode == 0 else f"{label:<34} FAILED {r.stderr.strip()[-600:]}", flush=True)
+    print(r.stdout.strip() if r.returncode == 0 else f"{label:<44} FAILED {r.stderr.strip()[-600:]}", flush=True)
 
 
 if __name__ == "__main__":

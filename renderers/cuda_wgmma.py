@@ -91,6 +91,17 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 __device__ __forceinline__ int g_thread_index() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+/* a wgmma reads its A registers until the wait that retires its group (PTX: they must not be written before), which
+   nvcc and ptxas do not see: this keeps a slice's 16 fragments alive up to here, read by stores no thread makes (the
+   predicate, A's address equal to 1, is never true and unknown to the compilers), so the next slice's take others */
+__device__ __forceinline__ void g_wgmma_hold(const unsigned (&f)[4][4], const void* never_one, unsigned to) {
+  asm volatile("{\n.reg .pred q;\nsetp.eq.u64 q, %16, 1;\n"
+               "@q st.shared.v4.b32 [%17], {%0, %1, %2, %3};\n@q st.shared.v4.b32 [%17+16], {%4, %5, %6, %7};\n"
+               "@q st.shared.v4.b32 [%17+32], {%8, %9, %10, %11};\n@q st.shared.v4.b32 [%17+48], {%12, %13, %14, %15};\n}\n"
+               :: "r"(f[0][0]), "r"(f[0][1]), "r"(f[0][2]), "r"(f[0][3]), "r"(f[1][0]), "r"(f[1][1]), "r"(f[1][2]), "r"(f[1][3]),
+                  "r"(f[2][0]), "r"(f[2][1]), "r"(f[2][2]), "r"(f[2][3]), "r"(f[3][0]), "r"(f[3][1]), "r"(f[3][2]), "r"(f[3][3]),
+                  "l"(never_one), "r"(to) : "memory");
+}
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
@@ -152,7 +163,10 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
-  for (int kt = 0; kt < KT; kt++) {
+  /* SWAP: the B fragments of two slices, alternately: those of slice kt stay held (`g_wgmma_hold`) until the wait that
+     retires its group, so the next slice's are loaded into other registers while the tensor cores still read them */
+  unsigned frags[2][BK / KSTEP][4] = {};
+  auto step = [&](int kt, unsigned (&frag)[BK / KSTEP][4], unsigned (&held)[BK / KSTEP][4]) {
     g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
@@ -161,7 +175,6 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       /* this lane's fragments of B's tile (m16n8k8's A per warp: columns 16w + lane/4 (+8), k lane%4 (+4) of each 8) */
       const float* bt = reinterpret_cast<const float*>(smem + (kt % STAGES) * STAGE + A_BYTES);
       const int col = (tid >> 5) * 16 + ((tid & 31) >> 2), kq = tid & 3;
-      unsigned frag[BK / KSTEP][4];
 #pragma unroll
       for (int kk = 0; kk < BK / KSTEP; kk++)
 #pragma unroll
@@ -187,7 +200,15 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     g_cp_async_commit();
     if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
     else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */
-  }
+    if constexpr (SWAP) g_wgmma_hold(held, A, base);   /* group kt - 1 is done: its fragments may be overwritten now */
+  };
+  if constexpr (SWAP)
+    for (int kt = 0; kt < KT; kt += 2) {
+      step(kt, frags[0], frags[1]);
+      if (kt + 1 < KT) step(kt + 1, frags[1], frags[0]);
+    }
+  else
+    for (int kt = 0; kt < KT; kt++) step(kt, frags[0], frags[1]);
   g_wgmma_wait<0>();
   g_cp_async_wait<0>();
 }
