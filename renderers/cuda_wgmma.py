@@ -7,7 +7,8 @@ sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; war
 the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
 shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands
 with B along k (TF32's wgmma reads only K-major operands): every byte offset below is the same (a slice is 128 bytes
-of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
+of k: 64 halves or 32 floats; one wgmma 32 bytes of it). A float32 B along j (x @ W) takes the transposed product
+(SWAP, below).
 The template:
 - copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
   `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
@@ -32,6 +33,16 @@ The template:
   again after the product where the epilogue uses them, which alone made ptxas serialize (ptxas 13.0: `%ctaid` in
   every product; `%tid` in some, such as one column of blocks over 9 or more slices, 16896x576 @ 576x128;
   tests/test_tensor_cores.py compiles every kernel and checks).
+SWAP (TF32, B stored along j; rules/opt/tensor_core.py `TileSpec.swapped`): TF32's wgmma reads only K-major operands
+from shared memory, but its A may come from registers, where any layout does. The block computes the transpose of its
+BM x BN tile: warpgroup g the 64 columns 64g.. of B's tile (BN/64 warpgroups) against all BM rows of A's tile, with
+`m64n{BM}k8` whose A is 4 registers a lane (mma.m16n8k8's A fragment per warp: B's element (k, j) for j = 16 (warp) +
+lane/4 (+8) and k = lane%4 (+4) of each 8) and whose B is A's tile, K-major as above (SBO 1024). B's tile is copied as
+stored (cp.async of 16 bytes: a row of BN floats per k, chunk c of row r at c ^ 2 (r % 4), so a warp's 32 fragment reads
+hit 32 banks) and read with one 32-bit shared load per register. A wgmma reads its A registers while it runs (until the
+wait that retires its group; the compilers do not see this): a slice's fragments are held (`g_wgmma_hold`, a store no
+thread makes) up to that wait, so the next slice's are loaded into other registers (two sets, alternately). The
+accumulators are the transposed tile's: the layout below with rows and columns exchanged.
 A gathered A (a channels-last convolution of 16-bit operands: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
 (`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run

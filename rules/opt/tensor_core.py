@@ -31,10 +31,12 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
   and j's tile sizes and the k loops' slice.
 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64;
-TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
-rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
-warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
-mma.sync.
+TF32_WGMMA_TILES for TF32 with B along k, TF32_SWAPPED_TILES with B along j: of 32) that gives every multiprocessor a
+block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16
+rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per warp, so the stores above serve
+both; a gathered A takes it where `chunked`. TF32 with B along j computes the tile's transpose (`TileSpec.swapped`:
+its warps hold 16 columns each, WM = BN/16, and `accumulator_at` exchanges row and column). GRAFT_WGMMA=0 (or
+GRAFT_TC_TILE) keeps mma.sync.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
