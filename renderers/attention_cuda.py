@@ -9,10 +9,11 @@ multiply-add. This one is a product's tiling (the shape of rules/opt/gpu_tile.py
     a block: BR query rows (BR/4 x 8 threads); its q tile Qs[dk][BR] staged in shared memory once
     for each tile of BC = 64 keys:
       Ks[dk][BC] (K transposed) and Vs[BC][Dp] staged in shared memory by all the block's threads (16-byte loads where
-        the operand's view allows), rows of 16-byte units XOR-swizzled by d (no bank conflicts either way)
+        the operand's view allows; K's threads along the keys, so that their stores meet no bank conflict)
       s[4][8]: a thread's register tile of 4 query rows x 8 keys (keys 4 consecutive, twice, 32 apart): per d one
         16-byte read of q and two of k for 32 multiply-adds
       s = E(s) * log2(e) (the scores' expression, renderers/attention_c.py `Epilogue`), keys past the end -inf
+      (the loops over d and keys unrolled: every shared address a thread reads is its base and a constant)
       a row's max over its 8 threads (shuffles), m' c p as the online softmax (rules/attention.py), l kept per thread
       (its 8 parts summed at the end), the accumulator row rescaled by c
       (a tile masked for every row of the block, a causal mask's upper tiles, is skipped here: __syncthreads_or)
@@ -57,34 +58,28 @@ def block_rows(blocks_of, dk: int, dp: int, multiprocessors: int) -> int:
   return min((128, 64, 32), key=cost)
 
 
-def _swizzled(row: str, unit: str, units: int) -> str:
-  """The float offset of 16-byte unit `unit` of row `row` (rows `units` units long), the unit XOR-ed by row/4 mod 8:
-  a warp reading one row's units (float4) or writing one unit's 4 floats of 16 rows hits distinct banks."""
-  return f"(({row})*{units * 4} + ((({unit}) ^ ((({row}) >> 2) & 7)) << 2))"
-
-
 def _stage(name: str, src: str, rows: int, cols: int, row_stride: int, col_stride: int, limit: str, transposed: bool,
-           threads: int, vec: bool, units: int) -> str:
+           threads: int, vec: bool, width: int) -> str:
   """The loop by which the block's threads copy a tile of `rows` (along memory: stride row_stride, at most `limit`
-  present) x `cols` elements of src into shared memory, zero past the end. transposed: stored as [col][row]
-  (swizzled, `units` 16-byte units a stored row), else [row][col] (cols padded: `units` units a row). vec: 16-byte
-  loads along cols (contiguous, aligned)."""
+  present) x `cols` elements of src into shared memory, zero past the end. transposed: stored as [col][row] (rows
+  `width` floats), the threads along the tile's rows (consecutive threads write consecutive words: no bank conflict;
+  their reads, a row apart, meet in L1); else [row][col] (rows `width` floats), the threads along cols (reads that
+  follow memory). vec: 16-byte loads along cols (contiguous, aligned)."""
   step = 4 if vec else 1
   per_row = cols // step
   total = rows * per_row
-  lines = [f"  #pragma unroll 4\n  for (int e = threadIdx.x; e < {total}; e += {threads}) {{",
-           f"    int rr = e / {per_row}, cc = (e % {per_row}) * {step};",
-           f"    bool in = {limit} > rr;"]
+  if transposed: where = f"int rr = e % {rows}, cc = (e / {rows}) * {step};"
+  else: where = f"int rr = e / {per_row}, cc = (e % {per_row}) * {step};"
+  lines = [f"  #pragma unroll\n  for (int e = threadIdx.x; e < {total}; e += {threads}) {{", f"    {where}", f"    bool in = {limit} > rr;"]
   if vec:
     lines.append(f"    float4 x = in ? *(const float4*)({src} + (long)rr*{row_stride} + cc) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);")
-    if not transposed: return "\n".join(lines + [f"    *(float4*)({name} + rr*{units * 4} + cc) = x;"]) + "\n  }"
+    if not transposed: return "\n".join(lines + [f"    *(float4*)({name} + rr*{width} + cc) = x;"]) + "\n  }"
     vals = ["x.x", "x.y", "x.z", "x.w"]
   else:
     lines.append(f"    float x = in ? {src}[(long)rr*{row_stride} + (long)cc*{col_stride}] : 0.0f;")
     vals = ["x"]
   for c, x in enumerate(vals):
-    if transposed: lines.append(f"    {name}[{_swizzled(f'cc + {c}', 'rr >> 2', units)} + (rr & 3)] = {x};")
-    else: lines.append(f"    {name}[rr*{units * 4} + cc + {c}] = {x};")
+    lines.append(f"    {name}[(cc + {c})*{width} + rr] = {x};" if transposed else f"    {name}[rr*{width} + cc + {c}] = {x};")
   return "\n".join(lines) + "\n  }"
 
 
@@ -114,7 +109,7 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   floats = shared_floats(br, dkp, dp)
   bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
   params = ", ".join(("" if n == ops.out.arg.number else "const ") + f"{CUDA_TYPES[ops.slots[n]]}* __restrict__ data{n}" for n in args)
-  ru, ku, pu, vu = br // 4, BC // 4, br // 4 + 1, dp // 4   # 16-byte units a row of Qs, Ks, Ps, Vs
+  pu, vu = br // 4 + 1, dp // 4   # 16-byte units a row of Ps, Vs
   groups = dp // 32
   # the blocks a multiprocessor holds, as a bound on registers, where a thread's tiles leave it room: about 64 for its
   # s tile, q and k, indices, and 16 a group of 4 x 4 accumulators
@@ -122,8 +117,8 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   blocks_sm = min(per_multiprocessor(br, dkp, dp), 65536 // (threads * need))
   occupancy = f", {blocks_sm}" if blocks_sm > 1 else ""
   src = f"""extern "C" __global__ __launch_bounds__({threads}{occupancy}) G_SHARED({floats * 4}) void KERNEL_NAME({params}) {{
-  float* Qs = (float*)g_dynamic_shared;          /* [dk][{br}] swizzled */
-  float* Ks = Qs + {dkp * br};                     /* [dk][{BC}] swizzled */
+  float* Qs = (float*)g_dynamic_shared;          /* [dk][{br}] */
+  float* Ks = Qs + {dkp * br};                     /* [dk][{BC}] */
   float* Vs = Ks + {dkp * BC};                     /* [{BC}][{dp}] */
   float* Ps = Vs + {BC * dp};                      /* [{BC}][{br} + 4] */
   const int tid = threadIdx.x, rg = tid >> 3, cg = tid & 7;   /* rows rg*4.., keys and dims cg*4.. (+32, +64..) */
@@ -132,7 +127,7 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   const float* __restrict__ k = data{kb.arg.number} + {base(kv, nbt)};
   const float* __restrict__ v = data{vb.arg.number} + {base(vv, nbt)};
   float* __restrict__ o = data{ops.out.arg.number} + {" + ".join([str(ops.out_view.offset)] + [f"b{n}*{s}" for n, s in enumerate(ops.out_strides[:nbt]) if s])};
-{_stage("Qs", "q", br, dkp if qvec else dk, qi, qd, f"{tq} - row0", True, threads, qvec, ru)}
+{_stage("Qs", "q", br, dkp if qvec else dk, qi, qd, f"{tq} - row0", True, threads, qvec, br)}
   float m[4], l[4], acc[4][{4 * groups}];
   #pragma unroll
   for (int r = 0; r < 4; r++) {{
@@ -142,8 +137,8 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   }}
   for (long j0 = 0; j0 < {tk}; j0 += {BC}) {{
     {{ const float* __restrict__ kt = k + j0*{kj}; const float* __restrict__ vt = v + j0*{vj};
-{_stage("Ks", "kt", BC, dkp if kvec else dk, kj, kd, f"{tk} - j0", True, threads, kvec, ku)}
-{_stage("Vs", "vt", BC, d, vj, vd, f"{tk} - j0", False, threads, vvec, vu)}
+{_stage("Ks", "kt", BC, dkp if kvec else dk, kj, kd, f"{tk} - j0", True, threads, kvec, BC)}
+{_stage("Vs", "vt", BC, d, vj, vd, f"{tk} - j0", False, threads, vvec, dp)}
     }}
     __syncthreads();
     float s[4][8];
@@ -151,11 +146,10 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     for (int r = 0; r < 4; r++)
       #pragma unroll
       for (int c = 0; c < 8; c++) s[r][c] = 0.0f;
-    #pragma unroll 8
+    #pragma unroll
     for (int dd = 0; dd < {dk}; dd++) {{
-      float4 a = *(const float4*)(Qs + {_swizzled("dd", "rg", ru)});
-      float4 b0 = *(const float4*)(Ks + {_swizzled("dd", "cg", ku)});
-      float4 b1 = *(const float4*)(Ks + {_swizzled("dd", "cg + 8", ku)});
+      float4 a = *(const float4*)(Qs + dd*{br} + rg*4);
+      float4 b0 = *(const float4*)(Ks + dd*{BC} + cg*4), b1 = *(const float4*)(Ks + dd*{BC} + 32 + cg*4);
       float av[4] = {{a.x, a.y, a.z, a.w}}, bv[8] = {{b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}};
       #pragma unroll
       for (int r = 0; r < 4; r++)
@@ -191,7 +185,7 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     for (int c = 0; c < 8; c++)
       *(float4*)(Ps + (cg*4 + (c & 3) + (c >> 2)*32)*{pu * 4} + rg*4) = make_float4(s[0][c], s[1][c], s[2][c], s[3][c]);
     __syncthreads();
-    #pragma unroll 4
+    #pragma unroll
     for (int jj = 0; jj < {BC}; jj++) {{
       float4 p = *(const float4*)(Ps + jj*{pu * 4} + rg*4);
       float pv[4] = {{p.x, p.y, p.z, p.w}};
