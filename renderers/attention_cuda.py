@@ -42,9 +42,14 @@ def shared_floats(br: int, dk: int, dp: int) -> int:
   return dk * br + dk * BC + BC * dp + BC * (br + 4)
 
 
+def rows_per_thread(dp: int) -> int:
+  """R: the query rows of a thread's register tiles: 8 (8 x 8 scores, 8 x dp/8 accumulators) where dp <= 64, else 4."""
+  return 8 if dp <= 64 else 4
+
+
 def per_multiprocessor(br: int, dk: int, dp: int) -> int:
-  """Blocks of BR rows (2 BR threads) a multiprocessor holds at once, by their shared memory and threads."""
-  return max(1, min(SHARED_PER_SM // (shared_floats(br, dk, dp) * 4 + 1024), 2048 // (2 * br), 32))
+  """Blocks of BR rows (8 BR / R threads) a multiprocessor holds at once, by their shared memory and threads."""
+  return max(1, min(SHARED_PER_SM // (shared_floats(br, dk, dp) * 4 + 1024), 2048 // (8 * br // rows_per_thread(dp)), 32))
 
 
 def block_rows(blocks_of, dk: int, dp: int, multiprocessors: int) -> int:
@@ -55,7 +60,7 @@ def block_rows(blocks_of, dk: int, dp: int, multiprocessors: int) -> int:
     per_sm, blocks = per_multiprocessor(br, dk, dp), blocks_of(br)
     busy = min(per_sm, -(-blocks // multiprocessors))   # blocks on the fullest multiprocessor in a wave
     return -(-blocks // (multiprocessors * busy)) * busy * br, -br
-  return min((128, 64, 32), key=cost)
+  return min((br for br in (128, 64, 32) if 8 * br // rows_per_thread(dp) >= 64), key=cost)   # two warps a block at least
 
 
 def _stage(name: str, src: str, rows: int, cols: int, row_stride: int, col_stride: int, limit: str, transposed: bool,
@@ -95,7 +100,8 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   dp = -(-d // 32) * 32          # the values' head dimension padded to 8 threads x 4 lanes
   dkp = -(-dk // 4) * 4
   br = block_rows(lambda br: nb * -(-tq // br), dkp, dp, multiprocessors)
-  threads, chunks = 2 * br, -(-tq // br)
+  rt = rows_per_thread(dp)
+  threads, chunks = 8 * br // rt, -(-tq // br)
   ep = Epilogue(ops.dot, lang=CUDA).expr(ops.scores, [f"b{n}" for n in range(nbt)] + ["i", "j"], True)
   qi, qd = qv.strides[nbt], qv.strides[-1]
   kj, kd = kv.strides[nbt + 1], kv.strides[-1]
@@ -113,7 +119,7 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   groups = dp // 32
   # the blocks a multiprocessor holds, as a bound on registers, where a thread's tiles leave it room: about 64 for its
   # s tile, q and k, indices, and 16 a group of 4 x 4 accumulators
-  need = 64 + 16 * groups
+  need = 32 + 8 * rt + 4 * rt * groups
   blocks_sm = min(per_multiprocessor(br, dkp, dp), 65536 // (threads * need))
   occupancy = f", {blocks_sm}" if blocks_sm > 1 else ""
   src = f"""extern "C" __global__ __launch_bounds__({threads}{occupancy}) G_SHARED({floats * 4}) void KERNEL_NAME({params}) {{
@@ -121,16 +127,16 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   float* Ks = Qs + {dkp * br};                     /* [dk][{BC}] */
   float* Vs = Ks + {dkp * BC};                     /* [{BC}][{dp}] */
   float* Ps = Vs + {BC * dp};                      /* [{BC}][{br} + 4] */
-  const int tid = threadIdx.x, rg = tid >> 3, cg = tid & 7;   /* rows rg*4.., keys and dims cg*4.. (+32, +64..) */
+  const int tid = threadIdx.x, rg = tid >> 3, cg = tid & 7;   /* rows rg*{rt}.., keys and dims cg*4.. (+32, +64..) */
   const long bt = blockIdx.x / {chunks}, row0 = (long)(blockIdx.x % {chunks}) * {br};
 {bidx}  const float* __restrict__ q = data{qb.arg.number} + {base(qv, nbt)} + row0*{qi};
   const float* __restrict__ k = data{kb.arg.number} + {base(kv, nbt)};
   const float* __restrict__ v = data{vb.arg.number} + {base(vv, nbt)};
   float* __restrict__ o = data{ops.out.arg.number} + {" + ".join([str(ops.out_view.offset)] + [f"b{n}*{s}" for n, s in enumerate(ops.out_strides[:nbt]) if s])};
 {_stage("Qs", "q", br, dkp if qvec else dk, qi, qd, f"{tq} - row0", True, threads, qvec, br)}
-  float m[4], l[4], acc[4][{4 * groups}];
+  float m[{rt}], l[{rt}], acc[{rt}][{4 * groups}];
   #pragma unroll
-  for (int r = 0; r < 4; r++) {{
+  for (int r = 0; r < {rt}; r++) {{
     m[r] = {CUDA.literal(dtypes.float32, -math.inf)}; l[r] = 0.0f;
     #pragma unroll
     for (int c = 0; c < {4 * groups}; c++) acc[r][c] = 0.0f;
@@ -141,25 +147,27 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
 {_stage("Vs", "vt", BC, d, vj, vd, f"{tk} - j0", False, threads, vvec, dp)}
     }}
     __syncthreads();
-    float s[4][8];
+    float s[{rt}][8];
     #pragma unroll
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < {rt}; r++)
       #pragma unroll
       for (int c = 0; c < 8; c++) s[r][c] = 0.0f;
     #pragma unroll
     for (int dd = 0; dd < {dk}; dd++) {{
-      float4 a = *(const float4*)(Qs + dd*{br} + rg*4);
-      float4 b0 = *(const float4*)(Ks + dd*{BC} + cg*4), b1 = *(const float4*)(Ks + dd*{BC} + 32 + cg*4);
-      float av[4] = {{a.x, a.y, a.z, a.w}}, bv[8] = {{b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}};
+      float av[{rt}], bv[8];
       #pragma unroll
-      for (int r = 0; r < 4; r++)
+      for (int u = 0; u < {rt // 4}; u++) {{ float4 a = *(const float4*)(Qs + dd*{br} + rg*{rt} + u*4); av[u*4] = a.x; av[u*4 + 1] = a.y; av[u*4 + 2] = a.z; av[u*4 + 3] = a.w; }}
+      float4 b0 = *(const float4*)(Ks + dd*{BC} + cg*4), b1 = *(const float4*)(Ks + dd*{BC} + 32 + cg*4);
+      bv[0] = b0.x; bv[1] = b0.y; bv[2] = b0.z; bv[3] = b0.w; bv[4] = b1.x; bv[5] = b1.y; bv[6] = b1.z; bv[7] = b1.w;
+      #pragma unroll
+      for (int r = 0; r < {rt}; r++)
         #pragma unroll
         for (int c = 0; c < 8; c++) s[r][c] += av[r] * bv[c];
     }}
     int live = 0;
     #pragma unroll
-    for (int r = 0; r < 4; r++) {{
-      const long i = row0 + rg*4 + r < {tq} ? row0 + rg*4 + r : {tq - 1};
+    for (int r = 0; r < {rt}; r++) {{
+      const long i = row0 + rg*{rt} + r < {tq} ? row0 + rg*{rt} + r : {tq - 1};
       float bm = {CUDA.literal(dtypes.float32, -math.inf)};
       #pragma unroll
       for (int c = 0; c < 8; c++) {{
@@ -183,17 +191,20 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     if (!__syncthreads_or(live)) continue;
     #pragma unroll
     for (int c = 0; c < 8; c++)
-      *(float4*)(Ps + (cg*4 + (c & 3) + (c >> 2)*32)*{pu * 4} + rg*4) = make_float4(s[0][c], s[1][c], s[2][c], s[3][c]);
+      #pragma unroll
+      for (int u = 0; u < {rt // 4}; u++)
+        *(float4*)(Ps + (cg*4 + (c & 3) + (c >> 2)*32)*{pu * 4} + rg*{rt} + u*4) = make_float4(s[u*4][c], s[u*4 + 1][c], s[u*4 + 2][c], s[u*4 + 3][c]);
     __syncthreads();
     #pragma unroll
     for (int jj = 0; jj < {BC}; jj++) {{
-      float4 p = *(const float4*)(Ps + jj*{pu * 4} + rg*4);
-      float pv[4] = {{p.x, p.y, p.z, p.w}};
+      float pv[{rt}];
+      #pragma unroll
+      for (int u = 0; u < {rt // 4}; u++) {{ float4 p = *(const float4*)(Ps + jj*{pu * 4} + rg*{rt} + u*4); pv[u*4] = p.x; pv[u*4 + 1] = p.y; pv[u*4 + 2] = p.z; pv[u*4 + 3] = p.w; }}
       #pragma unroll
       for (int g = 0; g < {groups}; g++) {{
         float4 w = *(const float4*)(Vs + jj*{vu * 4} + (cg + 8*g)*4);
         #pragma unroll
-        for (int r = 0; r < 4; r++) {{
+        for (int r = 0; r < {rt}; r++) {{
           acc[r][g*4 + 0] += pv[r] * w.x; acc[r][g*4 + 1] += pv[r] * w.y;
           acc[r][g*4 + 2] += pv[r] * w.z; acc[r][g*4 + 3] += pv[r] * w.w;
         }}
@@ -202,12 +213,12 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     __syncthreads();
   }}
   #pragma unroll
-  for (int r = 0; r < 4; r++) {{
+  for (int r = 0; r < {rt}; r++) {{
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    const long i = row0 + rg*4 + r;
+    const long i = row0 + rg*{rt} + r;
     if (i < {tq}) {{
       #pragma unroll
       for (int c = 0; c < {4 * groups}; c++) {{
