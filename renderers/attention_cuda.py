@@ -24,6 +24,12 @@ multiply-add. This one is a product's tiling (the shape of rules/opt/gpu_tile.py
 BR (128, 64 or 32) is the one whose blocks best fill the multiprocessors (`block_rows`). A row masked whole is 0/0 =
 NaN, as numpy's. Float math is IEEE (exp2f), as the generic kernel's. Contract beyond attention_operands': the dot
 product's length and the values' head dimension at most MAX_HEAD, buffers float32/int32/bool.
+
+Design debt (as the CPU's tiled kernel): a template chosen after the generic stages, not a plan of rules/opt. What
+the vocabulary lacks for it: shared-memory tiles of a carried reduction's operands (PACK of the online softmax's key
+loop), a register tile over query rows x keys of that loop, and the exchange of p between the threads of a row (here
+through shared memory) before the second product. tests/test_attention.py runs this source on CPU threads
+(tests/cuda_threads.py) as well as on a GPU.
 """
 from __future__ import annotations
 import math
@@ -42,9 +48,14 @@ def shared_floats(br: int, dk: int, dp: int) -> int:
   return dk * br + dk * BC + BC * dp + BC * (br + 4)
 
 
+ROWS = 4   # R: query rows of a thread's register tiles (a multiple of 4). 8 (8 x 8 scores; 243 registers, 8 warps a
+          # multiprocessor) measured slower on an H100: 32x1024x64 0.678 ms against 0.363 with 4, 12 heads x 1024 causal
+          # 0.649-0.707 against 0.508-0.535 (warm calls, /tmp variants of BR and R, one run)
+
+
 def rows_per_thread(dp: int) -> int:
-  """R: the query rows of a thread's register tiles: 8 (8 x 8 scores, 8 x dp/8 accumulators) where dp <= 64, else 4."""
-  return 8 if dp <= 64 else 4
+  """R for a head padded to dp (the same for every head so far: ROWS)."""
+  return ROWS
 
 
 def per_multiprocessor(br: int, dk: int, dp: int) -> int:
