@@ -119,7 +119,11 @@ def _carried_accumulator(ctx: RenderContext, u: UOp) -> str:
 
 
 def _carry_init(ctx: RenderContext, red: UOp) -> str:
-  init = ctx.lang.literal(red.dtype.scalar, red.src[0].src[1].arg[1])
+  # a constant (an online softmax's running max), or a value computed before the loop (a prefetched register,
+  # rules/opt/pack.py `prefetched`): the CARRY's source after its loop
+  carry = red.src[0].src[1]
+  if carry.arg[1] is None: return ctx[carry.src[1]]
+  init = ctx.lang.literal(red.dtype.scalar, carry.arg[1])
   return init if red.dtype.count == 1 else f"(({ctx.lang.type(red.dtype)}){{{', '.join([init] * red.dtype.count)}}})"
 
 

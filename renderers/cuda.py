@@ -59,6 +59,8 @@ template <class T> __device__ __forceinline__ T __shfl_xor_sync(unsigned mask, T
 """
 
 PRELUDE = r"""
+/* a vector of 4 floats (dtype float32.vec(4)): a shared tile's fill reads 16 bytes at once (rules/opt/pack.py) */
+struct __align__(16) floatx4 { float v[4]; };
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct g_op_max {  /* NaN wins, as in numpy */
   template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (b > a || b != b) ? b : a; }
@@ -150,6 +152,13 @@ def _end(ctx: RenderContext, e: UOp) -> str:
 
 
 cuda_rules = PatternMatcher([
+  # a vector load or store (16-byte aligned: rules/opt/pack.py `vector_width`) and one of its elements
+  (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, name="i"),)),
+   lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None),
+  (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="i"), UPat(name="v"))),
+   lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None),
+  (UPat(Ops.GEP, name="g", src=(UPat(), UPat(Ops.CONST, name="e"))),
+   lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None),
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
   (UPat(Ops.DEFINE_LOCAL, name="b"), _shared_tile),
   (UPat(Ops.BARRIER, name="b", src=(UPat(Ops.DEFINE_LOCAL, name="local"),), allow_any_len=True), _filled),
@@ -183,7 +192,11 @@ class CUDARenderer:
     threads = dims[1][0] if dims else 1
     synced, waiting = barriers(linear)
     shared = f" G_SHARED({n})" if (n := shared_bytes(linear)) else ""   # dynamic shared memory (renderers/cuda_mma.py)
-    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({threads}){shared} void', synced_loops=synced,
+    # a block that refills shared tiles waits at their barriers: a second block on the multiprocessor computes
+    # meanwhile. Asking for 2 (at most 128 registers a lane for 256) keeps the 8x8 register tile with its prefetched
+    # next slice at 2 blocks: ptxas took 130 registers, 1 block, and 4096^3 ran 17% slower (docs/design.md)
+    bounds = f"{threads}, 2" if synced and threads <= 256 else f"{threads}"
+    lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({bounds}){shared} void', synced_loops=synced,
                    waiting_barriers=waiting)
     rules = mma_rules + cuda_rules + cstyle_rules
     return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)

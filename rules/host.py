@@ -113,22 +113,20 @@ def is_intermediate(ctx: HostContext, b: UOp) -> bool:
 def _reads_only_where_it_writes(k: UOp, st: UOp, target: UOp, view: View) -> bool:
   """Every read of `target` in kernel k is of the element store `st` writes at the same index: an elementwise use of
   VIEW(target, view), one that st's own value makes (the other stores of a kernel of several may use it too: it is
-  one load), reached from st's value through elementwise ops alone (a view or a reduction on the way reads it at other
-  indices: `x.assign((x + 1).flip(0))`). Then each element is read before it is written, by the same iteration:
-  st's value needs the load."""
-  own = set(st.src[1].toposort)
-  reaches: set[UOp] = set()   # st's nodes computed from a read of target
-  for n in st.src[1].toposort:
-    if n.op is Ops.VIEW and n.src[0] is target: reaches.add(n)
-    elif any(s in reaches for s in n.src):
-      if n.op not in GroupOp.Elementwise: return False
-      reaches.add(n)
-  for n in k.toposort:
+  one load), and no op of st's value other than an elementwise one is computed from it (a view or a reduction on the
+  way reads it at other indices: `x.assign((x + 1).flip(0))`). Then each element is read before it is written, by the
+  same iteration: st's value needs the load.
+  One walk, users before sources: a node is in st's value when a user of it is, and below a view or reduction of st's
+  value when a user of it in the value is one or is below one; a read is judged once all its users are seen."""
+  inside, below = {st.src[1]}, set()
+  for n in reversed(k.toposort):
+    if n.op is Ops.VIEW and n.src[0] is target and (n.arg != view or n not in inside or n in below): return False
+    if n in inside:
+      inside.update(n.src)
+      if n in below or n.op not in GroupOp.Elementwise: below.update(n.src)
     for s in n.src:
-      if s.op is Ops.VIEW and s.src[0] is target and (s.arg != view or s not in own or
-                                                      (n.op not in GroupOp.Elementwise and n.op is not Ops.STORE)):
-        return False
       if s is target and n.op is not Ops.VIEW: return False
+      if s.op is Ops.VIEW and s.src[0] is target and n.op not in GroupOp.Elementwise and n.op is not Ops.STORE: return False
   return True
 
 

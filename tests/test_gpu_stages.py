@@ -55,13 +55,15 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
         val[u] = (buf.reshape(-1), idx + np.arange(shape[0]).reshape(-1, 1) * buf.shape[1]) if buf.ndim == 2 else (buf, idx)
       elif u.op is Ops.LOAD:
         buf, idx = v(u.src[0])
-        if len(u.src) == 1: val[u] = buf[idx]
+        if len(u.src) == 1: val[u] = buf[idx] if u.dtype.count == 1 else buf[idx[..., None] + np.arange(u.dtype.count)]
         else:
           ok = np.broadcast_to(v(u.src[1]), shape)
           val[u] = np.where(ok, buf[np.where(ok, idx, 0)], np.zeros((), buf.dtype))
       elif u.op is Ops.STORE:
         buf, idx = v(u.src[0])   # (the stored value takes the target's dtype, not that of the last buffer loaded)
-        x = np.broadcast_to(v(u.src[1]), shape).astype(buf.dtype)
+        if (n := u.src[1].dtype.count) > 1: idx, shape_ = idx[..., None] + np.arange(n), (*shape, n)   # a vector
+        else: shape_ = shape
+        x = np.broadcast_to(v(u.src[1]), shape_).astype(buf.dtype)
         gate = np.broadcast_to(v(u.src[2]), shape) if len(u.src) > 2 else np.ones(shape, bool)
         buf[idx[gate]] = x[gate]
       elif u.op is Ops.RANGE:
@@ -73,14 +75,17 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
         else: del loop_start[r]
       elif u.op is Ops.DEFINE_ACC:
         red = u.src[0]
-        init = red.src[0].src[1].arg[1] if red.arg is Ops.NOOP else 0 if red.arg is Ops.ADD else dtypes.min(red.dtype)
-        val[red] = np.array(init, red.dtype.np)
+        carry = red.src[0].src[1] if red.arg is Ops.NOOP else None
+        init = (v(carry.src[1]) if carry.arg[1] is None else carry.arg[1]) if carry is not None else \
+          0 if red.arg is Ops.ADD else dtypes.min(red.dtype)
+        val[red] = np.array(init, red.dtype.scalar.np)
       elif u.op is Ops.ASSIGN:   # a carried accumulator (REDUCE of NOOP, rules/attention.py) takes its new value
         red = u.src[0]
         new = v(red.src[0]) if red.arg is Ops.NOOP else ALU[red.arg](val[red], v(red.src[0]))
-        val[red] = np.asarray(new).astype(red.dtype.np)
+        val[red] = np.asarray(new).astype(red.dtype.scalar.np)
       elif u.op is Ops.CARRY: val[u] = next(val[r] for r in val if getattr(r, "op", None) is Ops.REDUCE and r.arg is Ops.NOOP and r.src[0].src[1] is u)
       elif u.op is Ops.NOOP: val[u] = v(u.src[0])
+      elif u.op is Ops.GEP: val[u] = v(u.src[0])[..., u.src[1].arg]   # an element of a vector (its last axis)
       elif u.op is Ops.REDUCE: pass  # its value is its accumulator
       elif u.op is Ops.BARRIER:
         (op, lanes), x = u.arg, np.broadcast_to(v(u.src[0]), shape)

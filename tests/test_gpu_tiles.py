@@ -25,10 +25,12 @@ def plan_and_source(t: Tensor) -> tuple[str, str]:
 
 def test_a_product_gets_a_tile_plan_in_the_cpu_vocabulary():
   plan, _ = plan_and_source(T(4096, 64) @ T(64, 4096))
-  # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 8, staged
+  # rows: 8 registers x 16 lanes, blocks grouped by 8; columns: 4 + 4 registers around 16 lanes; k: slices of 16, staged
   assert plan == ("upcast(0, 8) local(0, 16) global(0, 8) upcast(1, 4) local(1, 16) upcast(1, 2) global(1) "
-                  "split(2, 8) pack(2) [heuristic]")
-  # fewer blocks of that tile than 6 a multiprocessor (256 here): 64 x 128 of 8 x 8 registers, 128 lanes, slices of 16
+                  "split(2, 16) pack(2) [heuristic]")
+  # slices of 8 where 16 does not divide k
+  assert "split(2, 8) pack(2)" in plan_and_source(T(4096, 72) @ T(72, 4096))[0]
+  # fewer blocks of that tile than 6 a multiprocessor (256 here): 64 x 128 of 8 x 8 registers, 128 lanes
   assert plan_and_source(T(2048, 64) @ T(64, 2048))[0] == ("upcast(0, 8) local(0, 8) global(0, 8) upcast(1, 4) local(1, 16) "
                                                           "upcast(1, 2) global(1) split(2, 16) pack(2) [heuristic]")
   # small products take smaller tiles, so their blocks still fill the multiprocessors
@@ -105,6 +107,18 @@ def test_the_tile_kernel_stages_operands_in_shared_memory_between_barriers():
   loop = src[src.index("for (int ridx"):]
   assert "__syncthreads();\n" in loop                              # and the next fill waits for the reads
   assert "#pragma unroll" in loop                                  # the slice's steps read shared tiles into registers
+  # double buffering in registers: slice 0's share of each tile is loaded before the loop; each trip stores what it
+  # holds, then issues the next slice's loads, which are in flight while the block waits and multiplies
+  before = src[:src.index("for (int ridx")]
+  assert "(data1+" in before and "(data2+" in before
+  trip = loop[:loop.index("(__syncthreads(), local")]
+  assert trip.index("*(local") < trip.index("(data1+") and trip.index("*(local") < trip.index("(data2+")
+  # each lane reads 16 bytes of an operand at once (x's rows and w's rows are 64 floats: every vector is aligned)
+  assert "(*(floatx4*)(data1+" in src and "(*(floatx4*)(data2+" in src
+  # w's 4 columns sit side by side in its tile too: one 16-byte store; x's tile is stored along k: 4 stores
+  assert "*(floatx4*)(local" in src and re.search(r"\*\(local\d+\+v\d+\) = v\d+;", src)
+  # two blocks a multiprocessor: one computes while the other waits at a barrier
+  assert re.search(r"__launch_bounds__\(\d+, 2\)", src)
   assert len(re.findall(r"acc\d+ = 0\.0f;", src)) == 64           # an 8 x 8 register tile per lane
   # the epilogue (bias, GELU's tanh through exp2) is in the same kernel, applied to each register before its store
   assert "exp2f" in src and src.count("*(data0+") == 64
@@ -138,7 +152,8 @@ def test_a_prologue_is_computed_as_its_tile_is_staged_not_per_use():
   assert "pack(2)" in plan
   fill, steps = src[src.index("for (int ridx"):src.index("#pragma unroll")], src[src.index("#pragma unroll"):]
   steps = steps[:steps.index("__syncthreads();")]
-  assert fill.count("*(local") == 24 and fill.count("(__syncthreads(), local") == 1   # 8 + 16 elements a lane, one wait
+  # a lane stores 8 elements of x's normalized tile one by one, and 16 of w's as 4 vectors; then one wait
+  assert fill.count("*(local") == 8 and fill.count("*(floatx4*)(local") == 4 and fill.count("(__syncthreads(), local") == 1
   values = re.findall(r"float v\d+ = (.*);", steps)   # loads from the shared tiles, and their products
   assert values and all(v.startswith("(*(v") or re.fullmatch(r"\(v\d+\*v\d+\)", v) for v in values) and "data" not in steps
 
@@ -207,3 +222,20 @@ def test_the_search_offers_valid_gpu_plans_around_the_heuristics():
     # and each lowers to a kernel whose launch fits a block
     for p in valid[:3]:
       lower_kernel(norm, Run("CPU", parallel=False, device_loops=True, opt=gpu(choose=lambda s, a, p=p: p)))
+
+
+def test_a_tile_is_filled_16_bytes_at_a_time_only_where_every_vector_is_aligned():
+  # rows of 64 floats: each lane reads 4 of x's (along k) and 4 of w's (along j) at once; a view one float into rows
+  # of 65 reads x element by element, and w still by 4
+  from test_gpu_stages import host_steps
+  w = T(64, 256)
+  def vector_loads(t) -> dict[int, int]:
+    (*_, call), _ = host_steps([t], multiprocessors=1)   # one multiprocessor: the 64 x 128 tile of 8 x 8 registers
+    linear = lower_kernel(call.arg, Run("CPU", parallel=False, device_loops=True, multiprocessors=1))
+    loads = [u for u in linear.src if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+    return {g: sum(u.dtype.count == 4 for u in loads if u.src[0].src[0].arg == g) for g in (1, 2)}
+  # a lane fills 8 of x's 64 x 16 and 16 of w's 16 x 128 a slice: 2 and 4 vectors, before the loop and in it
+  for x, want in ((T(128, 64), {1: 4, 2: 8}), (T(128, 65)[:, 1:], {1: 0, 2: 8})):
+    assert vector_loads(x @ w) == want
+    xn = x.numpy()
+    np.testing.assert_allclose(run_on_model_gpu(x @ w, multiprocessors=1)[0], xn @ w.numpy(), rtol=2e-4, atol=2e-4)

@@ -33,9 +33,10 @@ from .plan import Opt, OptKind, Plan
 
 # (BM, BN, TM, TN) from the largest (see the module's docstring for which is taken)
 TILES = ((128, 128, 8, 8), (64, 128, 8, 8), (128, 64, 8, 8), (64, 64, 4, 4), (64, 32, 4, 2), (32, 32, 2, 2))
-SLICE = 8   # BK: the reduction's slice staged in shared memory at once (16 for the tiles of 128 lanes or fewer: 1024^3 on
-            # an H100, 64x64 tiles of 4x4: 0.083 ms against 0.098 with 8; 128x128 of 8x8 at 4096^3: 8 is faster)
-WIDE_SLICE = 16
+SLICES = (16, 8)   # BK, the reduction's slice staged in shared memory at once: the first that divides k. 16 halves the
+                   # barriers of 8; with a lane's fill read as floatx4 and prefetched, the 256-lane tile holds it in 127
+                   # registers (an H100, 4096^3: 2.87 ms against 2.97 with 8; the 128-lane tiles took 16 before)
+WIDE_SLICE = SLICES[0]
 GROUP = 8   # blocks grouped along the rows
 BIG_TILE_BLOCKS = 6     # blocks per multiprocessor the 256-lane tile needs (fewer: 1024x3072, 192 blocks, 1.18x cuBLAS)
 FILL_BLOCKS = 2.5       # blocks per multiprocessor a split product's parts are given (1024x768 on an H100: 384 blocks of
@@ -67,9 +68,9 @@ def product_tile(m: int, n: int, batch: int, multiprocessors: int) -> tuple[int,
   return fits[-1] if fits else None
 
 
-def slice_of(tile: tuple[int, int, int, int], k: int) -> int | None:
-  """BK for a tile: SLICE for the 256-lane tile, else WIDE_SLICE where it divides k; None where neither does."""
-  return next((s for s in ((SLICE,) if tile == TILES[0] else (WIDE_SLICE, SLICE)) if k % s == 0), None)
+def slice_of(k: int) -> int | None:
+  """BK: the first of SLICES that divides k; None where none does."""
+  return next((s for s in SLICES if k % s == 0), None)
 
 
 def product_loops(sink: UOp, axes: list[UOp]) -> tuple[UOp, UOp, UOp] | None:
@@ -98,7 +99,7 @@ def tile_plan(sink: UOp, axes: list[UOp], multiprocessors: int) -> Plan | None:
   for r in axes:
     if r.arg[0] == "out" and r is not i and r is not j: batch *= size(r)
   if (tile := product_tile(size(i), size(j), batch, multiprocessors)) is None: return None
-  if (bk := slice_of(tile, size(k))) is None: return None
+  if (bk := slice_of(size(k))) is None: return None
   bm, bn, tm, tn = tile
   batch_axes = [n[r] for r in axes if r.arg[0] == "out" and r is not i and r is not j]
   return Plan(tile_opts(n[i], n[j], n[k], (bm, bn, tm, tn), bk, GROUP if size(i) // bm % GROUP == 0 else 0, batch_axes), "heuristic")

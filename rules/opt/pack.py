@@ -73,18 +73,37 @@ def stage_operands(ctx: OptContext, red: UOp) -> UOp | None:
   """A GPU tile plan's `pack(k)`, k a reduction loop: the factors of a sum of products over k's outer loop (a slice)
   are staged in the block's shared memory once per slice, each as a whole (an elementwise prologue, layer norm's
   `(x - mean) * rstd * g`, is computed once per element as the tile is filled, not once per use); `stage` says how."""
-  if not ctx.device_loops: return None
+  if not ctx.device_loops or red.arg is not Ops.ADD: return None
   slices = [q for o in ctx.opts_of_kind(OptKind.PACK) if (q := ctx.current_loop(o.axis)) is not None and q in red.src[1:]]
   if not slices or any(n.op is Ops.DEFINE_LOCAL for n in red.src[0].toposort): return None
   factors = list(red.src[0].src) if red.src[0].op is Ops.MUL else [red.src[0]]
   tiles = {f: t for f in factors if (t := stage(ctx, f, slices[0])) is not None}
   if not tiles: return None
-  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once
-  fills = tuple(st for _, sts, _ in tiles.values() for st in sts)
-  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills)), slot)),))
+  fills, nexts, carried = prefetched([st for _, sts, _ in tiles.values() for st in sts], slices[0])
+  # one wait per slice: every tile's read waits for every fill, so all fills come first and the block syncs once;
+  # the next slice's loads are sources of the wait too, so they are issued before it and fly during the arithmetic
+  reads = {f: UOp(Ops.LOAD, f.dtype, (UOp(Ops.INDEX, local.dtype, (UOp(Ops.BARRIER, local.dtype, (local, *fills, *nexts)), slot)),))
            for f, (local, _, slot) in tiles.items()}
   value = red.src[0].replace(src=tuple(reads.get(f, f) for f in factors)) if red.src[0].op is Ops.MUL else reads[red.src[0]]
-  return red.replace(src=(value, *red.src[1:]))
+  staged = red.replace(src=(value, *red.src[1:]))
+  return UOp(Ops.NOOP, red.dtype, (staged, *carried)) if carried else staged
+
+
+def prefetched(fills: list[UOp], slice_loop: UOp) -> tuple[tuple[UOp, ...], tuple[UOp, ...], tuple[UOp, ...]]:
+  """Double buffering in registers: (the fills, the next slice's values, the carried registers' last values). Each
+  fill stores a register (a CARRY) that holds its value for this slice: loaded before the loop for slice 0, and in
+  each trip for the next slice (the last trip reloads its own: no address past the operand), so a slice's loads are
+  in flight while the block computes the one before it, instead of each trip waiting for its loads first."""
+  if slice_loop.src[0].arg < 2: return tuple(fills), (), ()
+  last = UOp.const(slice_loop.dtype, slice_loop.src[0].arg - 1)
+  following = (slice_loop < last).where(slice_loop + 1, last)
+  # a register per loaded value (a vector's elements are stored from one register)
+  values = list(dict.fromkeys(st.src[1].src[0] if st.src[1].op is Ops.GEP else st.src[1] for st in fills))
+  regs = {v: UOp(Ops.CARRY, v.dtype, (slice_loop, at_values(v, {slice_loop: UOp.const(slice_loop.dtype, 0)})), ("prefetch", None))
+          for v in values}
+  nexts = tuple(at_values(v, {slice_loop: following}) for v in values)
+  ends = tuple(UOp(Ops.REDUCE, v.dtype, (UOp(Ops.NOOP, v.dtype, (nxt, regs[v])), slice_loop), Ops.NOOP) for v, nxt in zip(values, nexts))
+  return tuple(substitute(st, regs) for st in fills), nexts, ends
 
 
 def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp], UOp] | None:
@@ -118,12 +137,39 @@ def stage(ctx: OptContext, value: UOp, slice_loop: UOp) -> tuple[UOp, list[UOp],
   idx = main.src[0].src[1] if main is not None else value
   fill_order = sorted(parts, key=lambda q: -abs(mean_step(idx, q)))
   local = UOp(Ops.DEFINE_LOCAL, value.dtype.ptr("shared"), (), (ctx.next_local(), size))
+  fastest, w = fill_order[-1], vector_width(value, idx, fill_order[-1], total, threads)
+  sizes = [q.src[0].arg for q in fill_order[:-1]] + [fastest.src[0].arg // w]
   lane, fills = special("lidx0", threads), []
-  for c in range(total // threads):
+  def fill(at: dict[UOp, UOp], v: UOp) -> UOp: return UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), v))
+  for c in range(total // (threads * w)):
     f = lane + c * threads if c else lane
-    at = dict(zip(fill_order, split_flat(f, [q.src[0].arg for q in fill_order])))
-    fills.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, slot(at))), at_values(value, at))))
+    at = dict(zip(fill_order, split_flat(f, sizes)))
+    if w == 1:
+      fills.append(fill(at, at_values(value, at)))
+      continue
+    # a vector of w consecutive elements: one load; one store where they sit side by side in the tile too (a row
+    # of it: 16 bytes at once, no bank conflicts), else w stores (a tile stored along the other axis)
+    first = {**at, fastest: at[fastest] * w}
+    vec = at_values(value, first).replace(dtype=value.dtype.vec(w))
+    if out and fastest is out[-1] and all(k % w == 0 for _, k in terms_of(slot(first))): fills.append(fill(first, vec))
+    else: fills += [fill({**first, fastest: first[fastest] + e}, UOp(Ops.GEP, value.dtype, (vec, UOp.const(dtypes.index, e)))) for e in range(w)]
   return local, fills, slot({})
+
+
+VECTOR_BYTES = 16   # a lane's fill reads this much at once where it can: ld.global.v4, a quarter of the loads
+
+
+def vector_width(value: UOp, idx: UOp, fastest: UOp, total: int, threads: int) -> int:
+  """How many consecutive elements a lane's fill reads as one vector: VECTOR_BYTES' worth where the value is a plain
+  load of 4-byte elements (a prologue's arithmetic stays scalar), consecutive along the fill's fastest part, and each
+  vector's first element sits at a multiple of VECTOR_BYTES: the index's other terms and its constant are multiples
+  of the width (a buffer is at least 256-byte aligned, cuMemAlloc; a view's offset is in the index); else 1."""
+  w = VECTOR_BYTES // value.dtype.itemsize
+  if value.op is not Ops.LOAD or len(value.src) != 1 or value.dtype.itemsize != 4: return 1
+  if fastest.src[0].arg % w or total % (threads * w): return 1
+  terms = terms_of(idx)
+  if (fastest, 1) not in terms: return 1
+  return w if all(t is fastest or (k % w == 0 and (t is None or fastest not in t.toposort)) for t, k in terms) else 1
 
 
 MAX_SHARED_BYTES = 24 << 10   # a block's shared tiles together stay under 48 KiB (the static limit)
