@@ -264,12 +264,16 @@ def test_graft_attention_changes_a_warm_calls_program_too(monkeypatch):
   np.testing.assert_allclose(out.numpy(), attention(q.numpy(), k.numpy(), v.numpy()), rtol=1e-5, atol=1e-6)
 
 
-def test_by_default_both_devices_fuse_every_attention(monkeypatch, capsys):
+def test_by_default_the_cpu_fuses_every_attention_and_a_gpu_those_whose_rows_fill_it(monkeypatch, capsys):
   monkeypatch.delenv("GRAFT_ATTENTION")
   q, k, v = (Tensor(randn(2, 21, 8), device="CPU") for _ in range(3))
   out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
   assert "attention fused: softmax(scores (2, 21, 21))" in out and "attention tiled" in out
   assert kernel_calls(last_program()) == 1
+  gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
+  assert any("its 42 query rows give the GPU's fused kernel 84 threads, under the 33792" in line for line in gpu.explanations), gpu.explanations
+  assert kernel_calls(gpu) >= 3
+  q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))   # 65536 threads: fused
   gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
   assert kernel_calls(gpu) == 1 and tiled(gpu)
   monkeypatch.setenv("GRAFT_ATTENTION", "0")
