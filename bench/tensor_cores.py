@@ -3,7 +3,8 @@ rules/opt/tensor_core.py) against torch (cuBLAS) on the same inputs.
 
   python bench/tensor_cores.py [--quick] [--only fp16_8192,gelu]
 
-tc: the tensor-core path the product took (wgmma: Hopper's warpgroup MMA; mma: mma.sync; GRAFT_WGMMA=0 keeps mma.sync;
+tc: the tensor-core path the product took (tma: Hopper's warpgroup MMA fed by TMA; wgmma: the same fed by cp.async;
+mma: mma.sync; GRAFT_WGMMA=0 keeps mma.sync;
 fma: a strict float32 convolution's FMA tile). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation),
 (x @ W + b).gelu() in fp16 with x 8192x4096 and W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as
 kernels of their own), float32 4096^3 with TF32 (GRAFT_TF32=1: Graft's generated TF32 kernel -- mma.sync for x @ W,
@@ -65,7 +66,7 @@ def main() -> None:
       program, inputs = rr.find_program([(graft_fn(*gt).uop, args.device)])   # the cached program and its input buffers
       kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
       sources = [ck.source for ck in program.kernels_called()]
-      tc = "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else \
+      tc = "tma" if any("g_wgmma_tma_tile" in k for k in sources) else "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else \
         "fma" if any("g_fma_tile" in k for k in sources) else "-"
       g = timed(lambda: program.run(inputs), sync)
       call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)

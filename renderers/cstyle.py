@@ -22,6 +22,7 @@ class Language:
   bool_type: str = "bool"
   infinity: str = "INFINITY"
   outline_parallel: bool = False  # a parallel loop's body becomes a function of its own (see renderers/c.py)
+  params_after: tuple[str, ...] = ()   # parameters after the buffers (a CUDA kernel's tensor maps: renderers/cuda_tma.py)
   nan: str = "NAN"
   headers: tuple[str, ...] = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>")
   # bfloat16: its type, a literal from its 16 bits, and the two conversions with float32 (the only casts it takes:
@@ -199,7 +200,8 @@ STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.DEFI
 def kernel_params(linear: UOp, lang: Language) -> list[str]:
   globals_ = sorted((u for u in linear.src if u.op is Ops.DEFINE_GLOBAL), key=lambda g: g.arg)
   written = {u.src[0].src[0] for u in linear.src if u.op is Ops.STORE}
-  return [f"{'' if g in written else 'const '}{lang.type(g.dtype)} {lang.restrict} data{g.arg}".replace("  ", " ") for g in globals_]
+  return [f"{'' if g in written else 'const '}{lang.type(g.dtype)} {lang.restrict} data{g.arg}".replace("  ", " ") for g in globals_] \
+    + list(lang.params_after)
 
 
 def render_kernel(name: str, linear: UOp, rules: PatternMatcher, lang: Language, prefix_lines=None) -> str:

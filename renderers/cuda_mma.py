@@ -21,6 +21,7 @@ copy computes a thread's row offsets once and the k offsets once per block into 
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 from .cuda_wgmma import render_wgmma
+from .cuda_tma import render_tma
 
 def _mma_op(ctype: str, shape: str, ptx: str) -> str:
   """g_mma_op<ctype>: one mma.sync of `shape` on `ptx` operands (a lane's 4 registers of A, 2 of B, 4 float sums)."""
@@ -282,6 +283,7 @@ def gather_text(ctx, m: UOp) -> tuple[str, str]:
 def render_mma(ctx, m: UOp) -> str:
   s = m.arg
   decl, gather = gather_text(ctx, m)
+  if s.tma: return render_tma(ctx, m)
   if s.wgmma: return decl + render_wgmma(ctx, m, gather)
   t = ctx.lang.type(getattr(dtypes, s.dtype))
   args = f"{t}, {s.bm}, {s.bn}, {s.bk}, {s.wm}, {s.wn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.lda}LL, {s.ldb}LL"

@@ -18,6 +18,11 @@ that list: a pointer parameter takes a device pointer (an int, what the allocato
 a Python int or float converted to its declared C type (the renderer's indices and sizes are `int`: 32 bits, so a
 Python int outside int32 is refused instead of being truncated).
 
+A kernel may also take tensor maps (Hopper's TMA: renderers/cuda_tma.py): each declared by `G_TMAP(...)` before its
+name and passed as a `const __grid_constant__ g_tensor_map` parameter after the others. They are no arguments of the
+call: each launch makes them (`cuTensorMapEncodeTiled`, once per buffer pointer) from the pointer argument each names,
+so a warm call over new buffers copies from those.
+
 Launch geometry: `global_size` is the grid, in blocks (not threads), and `local_size` the block, in threads; each is
 a 3-tuple (shorter tuples and plain ints are padded with 1s). Launches go to the legacy default stream, so they run
 in order with each other and with the copies, and `copyout` waits for them.
@@ -31,6 +36,7 @@ import re
 import shutil
 import subprocess
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -114,6 +120,11 @@ CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, cons
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphExecDestroy(CUgraphExec exec);
 CUresult cuGraphDestroy(CUgraph graph);
+typedef struct { unsigned long long opaque[16]; } CUtensorMap;
+CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, int tensorDataType, unsigned int tensorRank, void *globalAddress,
+                                const unsigned long long *globalDim, const unsigned long long *globalStrides,
+                                const unsigned int *boxDim, const unsigned int *elementStrides, int interleave,
+                                int swizzle, int l2Promotion, int oobFill);
 CUresult cuGetErrorName(CUresult error, const char **name);
 CUresult cuGetErrorString(CUresult error, const char **text);
 """
@@ -265,13 +276,15 @@ _SCALARS = {
 
 
 def kernel_params(source: str, name: str) -> list[str]:
-  """The cffi storage type of each parameter of kernel `name` (pointers are "CUdeviceptr"), read from the source."""
+  """The cffi storage type of each parameter of kernel `name` (pointers are "CUdeviceptr", tensor maps
+  "CUtensorMap"), read from the source."""
   m = re.search(rf"__global__[^;{{}}]*?\b{re.escape(name)}\s*\(([^)]*)\)", source)
   if m is None:
     raise ValueError(f"kernel {name!r} not found in the source: the CUDA device expects it declared as "
                      f"'extern \"C\" __global__ void {name}(...)' with its parameters written out")
   types = []
   for p, t in zip(m.group(1).split(","), parameter_types(m.group(1), name)):
+    if t == TENSOR_MAP: types.append("CUtensorMap"); continue
     if t is not None and t not in _SCALARS:
       raise ValueError(f"kernel {name!r}: cannot pass parameter {p.strip()!r}; CUDA kernels here take pointers and "
                        f"scalars of the types {', '.join(sorted(_SCALARS))}")
@@ -285,6 +298,54 @@ def dynamic_shared_bytes(source: str, name: str) -> int:
   m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
   g = re.search(r"\bG_SHARED\((\d+)\)", m.group(1)) if m else None
   return int(g.group(1)) if g else 0
+
+
+TENSOR_MAP = "g_tensor_map"   # the C type of a tensor-map parameter (renderers/cuda_tma.py)
+
+
+@dataclass(frozen=True)
+class TensorMapDecl:
+  """A tensor map a kernel takes (`G_TMAP(param, itemsize, inner, outer, stride, box_inner, box_outer, offset)` before
+  its name, and a `const __grid_constant__ g_tensor_map` parameter after the others, in the same order): the 2-d
+  tensor of `inner` x `outer` elements of `itemsize` bytes, outer rows `stride` elements apart, starting `offset`
+  elements into the buffer passed as parameter `param`, copied by TMA in boxes of box_inner x box_outer laid out with
+  the 128-byte swizzle. The launch makes it from that argument's pointer (`CUDAProgram.pack`), so a call on new
+  buffers gets maps of its own."""
+  param: int
+  itemsize: int
+  inner: int
+  outer: int
+  stride: int
+  box_inner: int
+  box_outer: int
+  offset: int
+
+
+def tensor_maps(source: str, name: str) -> list[TensorMapDecl]:
+  """The tensor maps kernel `name` declares with `G_TMAP(...)` before its name, in order."""
+  m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
+  return [TensorMapDecl(*map(int, g.split(","))) for g in re.findall(r"\bG_TMAP\(([^)]*)\)", m.group(1) if m else "")]
+
+
+# CUtensorMapDataType by element size (TMA copies bits: unsigned types of the width); the 128-byte swizzle; L2
+# promotion of 256 bytes; (cuda.h's enums)
+_TMA_TYPES = {1: 0, 2: 1, 4: 2, 8: 4}
+_TMA_SWIZZLE_128B, _TMA_L2_256B = 3, 3
+
+
+def encode_tensor_map(d: TensorMapDecl, handle: int) -> tuple[Any, Any]:
+  """The tensor map `d` over the buffer at device pointer `handle`: (a `CUtensorMap *`, 64-byte aligned, and the
+  memory holding it, to keep alive while the map is used)."""
+  raw = _ffi.new("char[]", 128 + 64)
+  tmap = _ffi.cast("CUtensorMap *", (int(_ffi.cast("uintptr_t", raw)) + 63) & ~63)
+  address = handle + d.offset * d.itemsize
+  _call("cuTensorMapEncodeTiled", tmap, _TMA_TYPES[d.itemsize], 2, _ffi.cast("void *", address),
+        _ffi.new("unsigned long long[2]", [d.inner, d.outer]), _ffi.new("unsigned long long[1]", [d.stride * d.itemsize]),
+        _ffi.new("unsigned int[2]", [d.box_inner, d.box_outer]), _ffi.new("unsigned int[2]", [1, 1]), 0,
+        _TMA_SWIZZLE_128B, _TMA_L2_256B, 0,
+        context=f"a tensor map of {d.outer}x{d.inner} elements of {d.itemsize} bytes, rows {d.stride} apart, at {address:#x} "
+                f"(TMA needs the address and the row stride in bytes multiples of 16)")
+  return tmap, raw
 
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -352,11 +413,18 @@ def _check_dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, 
 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
-  __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared")
+  __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared", "maps", "made_maps")
 
-  def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0):
-    self.name, self.device, self.function, self.params, self.path = name, device, function, params, path
-    self.pointer_types = [_ffi.typeof(f"{t} *") for t in params]   # each launch stores its arguments as these
+  def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0,
+               maps: Sequence[TensorMapDecl] = ()):
+    # the tensor maps (the last parameters) are no arguments of the call: each launch makes them from its pointers
+    n = len(params) - len(maps)
+    if params[n:] != ["CUtensorMap"] * len(maps) or "CUtensorMap" in params[:n]:
+      raise ValueError(f"kernel {name} (in {path}): its {len(maps)} G_TMAP declarations must match its last parameters, "
+                       f"of type {TENSOR_MAP} ({params})")
+    self.name, self.device, self.function, self.params, self.path = name, device, function, params[:n], path
+    self.maps, self.made_maps = tuple(maps), {}   # (map number, pointer) -> (CUtensorMap *, its memory)
+    self.pointer_types = [_ffi.typeof(f"{t} *") for t in self.params]   # each launch stores its arguments as these
     self.param_array = _ffi.typeof("void *[]")                        # and points at them from one of these
     self.shared = shared   # bytes of dynamic shared memory each launch gets
     if shared > _STATIC_SHARED_LIMIT:
@@ -397,7 +465,16 @@ class CUDAProgram:
       raise TypeError(f"kernel {self.name} (in {self.path}) takes {len(self.params)} arguments, got {len(args)}")
     try: values = list(map(_ffi.new, self.pointer_types, args))   # (every launch of a warm call comes here)
     except (TypeError, OverflowError): self._refuse(args)
-    return _ffi.new(self.param_array, values or 1), values
+    if not self.maps: return _ffi.new(self.param_array, values or 1), values
+    maps = [self.tensor_map(i, args[d.param]) for i, d in enumerate(self.maps)]   # (each: the map, its memory)
+    return _ffi.new(self.param_array, values + [m for m, _ in maps]), values + maps
+
+  def tensor_map(self, i: int, handle: int) -> tuple[Any, Any]:
+    """Tensor map i over the buffer at `handle`, made once per pointer (a warm call on the same buffers reuses it)."""
+    if (made := self.made_maps.get((i, handle))) is None:
+      if len(self.made_maps) >= 256: self.made_maps.clear()   # (freed buffers' maps go; a map costs microseconds)
+      made = self.made_maps[(i, handle)] = encode_tensor_map(self.maps[i], handle)
+    return made
 
   def _refuse(self, args: Sequence[int | float]) -> None:
     """Raise the TypeError that names the first argument its parameter's C type cannot take."""
@@ -540,7 +617,7 @@ class CUDADevice(Device):
         raise CompileError(f"kernel {n!r} is not in {path} (source {path.with_suffix('.cu')}); is it declared "
                            f"extern \"C\" __global__?")
       check("cuModuleGetFunction", code)
-      progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n))
+      progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n), tensor_maps(source, n))
     return progs
 
   def _module(self, path: Path) -> Any:

@@ -27,7 +27,7 @@ def run_compiler(cmd: list[str], what: str, src) -> str:
   return r.stderr + r.stdout
 
 
-_QUALIFIERS = {"const", "volatile", "restrict", "__restrict", "__restrict__"}
+_QUALIFIERS = {"const", "volatile", "restrict", "__restrict", "__restrict__", "__grid_constant__"}
 
 
 def parameter_types(params: str, name: str) -> list[str | None]:

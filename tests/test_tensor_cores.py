@@ -141,16 +141,14 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   from renderers.cuda import renderer
   from runtime.cuda import NO_RUNTIME_HEADER, dynamic_shared_bytes, target_flags
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
-  assert "g_wgmma_tile<half, 128, 256, 4, false, 512, 512LL, 4096LL>" in nn and "g_mma_tile" not in nn   # B along j
-  assert "g_wgmma_tile<half, 128, 256, 4, true, 512, 512LL, 512LL>" in nt                                  # B along k
-  assert "g_wgmma_tile<__nv_bfloat16, 128, 128, 4, false, 256, 256LL, 2304LL>" in bf16   # 128x256 gives 72 blocks: 128x128
-  assert "g_wgmma_tile<half, 128, 128, 4, false, 128, 128LL, 1024LL>" in batched
-  name = nn.split(" void ")[1].split("(")[0]
-  assert "__launch_bounds__(256)" in nn and dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024
+  # a batch keeps the tiles copied by cp.async (renderers/cuda_wgmma.py); matrices are copied by TMA (below)
+  assert "g_wgmma_tile<half, 128, 128, 4, false, 128, 128LL, 1024LL>" in batched and "g_mma_tile" not in batched
+  name = batched.split(" void ")[1].split("(")[0]
+  assert "__launch_bounds__(256)" in batched and dynamic_shared_bytes(batched, name) == 4 * (128 + 128) * 64 * 2 + 1024
   regs = TileSpec("float16", 128, 256, 8, 1, 64, 4, False, 512, 512, 4096, True).regs
   assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(data0+") == regs   # the epilogue per accumulator
-  source = renderer.source([nn, bf16])
-  for needle in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+  source = renderer.source([batched, bf16])
+  for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
                  "fence.proxy.async.shared::cta", "cp.async.cg.shared.global"):
     assert needle in source, needle
@@ -158,6 +156,34 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   assert target_flags(source, "sm_90") == ["-gencode=arch=compute_90a,code=sm_90a"] and target_flags(source, "sm_80") == ["-arch=sm_80"]
   # (a source of no kernel needs no header: it is self-contained, compiled with the empty cuda_runtime.h's directory)
   assert target_flags(renderer.source([]), "sm_90") == ["-arch=sm_90", "-I", str(NO_RUNTIME_HEADER)]
+
+
+def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpgroup():
+  from renderers.cuda import renderer
+  from runtime.cuda import TensorMapDecl, dynamic_shared_bytes, kernel_params, tensor_maps
+  nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
+  # 2 consumer warpgroups and the producer's; 4 slices of 128x256 (6 of 128x128) and their two mbarriers each
+  assert "g_wgmma_tma_tile<half, 128, 256, 4, false, 512>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
+  assert "g_wgmma_tma_tile<half, 128, 256, 4, true, 512>" in nt                                        # B along k
+  assert "g_wgmma_tma_tile<__nv_bfloat16, 128, 128, 6, false, 256>" in bf16   # 128x256 gives 72 blocks: 128x128
+  assert "g_wgmma_tma_tile<" in gelu and "g_wgmma_tma_tile<" not in batched   # (a batch: cp.async)
+  name = nn.split(" void ")[1].split("(")[0]
+  assert dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024 + 4 * 16
+  # the maps, made by the host from the buffers' pointers: A 2048 rows of 512 k in boxes of 64 x 128 rows; B (along j)
+  # 512 rows of 4096 columns in boxes of 64 x 64; B along k, 4096 rows of 512 k in boxes of 64 x 256
+  assert tensor_maps(nn, name) == [TensorMapDecl(1, 2, 512, 2048, 512, 64, 128, 0), TensorMapDecl(2, 2, 4096, 512, 4096, 64, 64, 0)]
+  assert tensor_maps(nt, nt.split(" void ")[1].split("(")[0])[1] == TensorMapDecl(2, 2, 512, 4096, 512, 64, 256, 0)
+  assert kernel_params(nn, name) == ["CUdeviceptr"] * 3 + ["CUtensorMap"] * 2
+  source = renderer.source([nn])
+  for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
+                 "mbarrier.arrive.expect_tx", "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32",
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"):
+    assert needle in source, needle
+  assert "cp.async.cg" not in source.split("g_wgmma_tma_tile")[1]   # (the TMA template copies nothing itself)
+  # an offset view keeps TMA where its start is a whole number of 16 bytes, its offset in the map
+  x, w = Tensor(normal(2056, 512)), Tensor(normal(512, 4096))
+  shifted = cuda_text(x[8:] @ w)
+  assert tensor_maps(shifted, shifted.split(" void ")[1].split("(")[0])[0].offset == 8 * 512
 
 
 def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
@@ -179,9 +205,9 @@ def test_changing_a_tensor_core_switch_between_calls_never_reuses_the_kernel_of_
   lowered, lower = [], rr._lower
   monkeypatch.setattr(rr, "_lower", lambda *a, **kw: lowered.append(lower(*a, **kw)) or lowered[-1])
   product = lambda: Tensor(normal(2048, 512)) @ Tensor(normal(512, 4096))
-  assert "g_wgmma_tile<" in cuda_text(product())
+  assert "g_wgmma_tma_tile<" in cuda_text(product())
   monkeypatch.setattr(rr, "_kernels", dict(lowered[-1].new))   # published, as a build on a GPU publishes them
-  assert "g_wgmma_tile<" in cuda_text(product()) and not lowered[-1].new   # the same switches: the kernel reused
+  assert "g_wgmma_tma_tile<" in cuda_text(product()) and not lowered[-1].new   # the same switches: the kernel reused
   monkeypatch.setenv("GRAFT_TC_TILE", "128,256,2,4,32,4")
   assert "g_mma_tile<half, 128, 256, 32, 2, 4, 4," in cuda_text(product())
   monkeypatch.delenv("GRAFT_TC_TILE")
@@ -234,9 +260,10 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
   sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
-  assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
+  assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_wgmma_tma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 9
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 4
+  assert sum("g_wgmma_tma_tile<" in k for k in kernels) == 5
   assert sum("g_wgmma_tile<float," in k for k in kernels) == 2
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
@@ -267,7 +294,8 @@ def model_mma(spec: TileSpec):
   A gathered A's element (row, k) is at its base + the gather's offsets of row0 + row and of k."""
   e = np.arange(spec.regs)
   mt, nt, c = e // (spec.nt * 4), e // 4 % spec.nt, e % 4
-  t = np.arange(spec.threads)[:, None]
+  # (a tile fed by TMA: its producer's threads, after the tile's, hold the accumulators of thread t % the tile's)
+  t = np.arange(spec.threads)[:, None] % (spec.wm * spec.wn * 32 if spec.tma else spec.threads)
   warp, lane = t // 32, t % 32
   rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
   cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
@@ -275,7 +303,7 @@ def model_mma(spec: TileSpec):
     x, y, i, j = t % (spec.bm // 8), t // (spec.bm // 8), e // 8, e % 8
     rows, cols = x * 4 + i // 4 * (spec.bm // 2) + i % 4, y * 4 + j // 4 * (spec.bn // 2) + j % 4
   r, kk, col = np.arange(spec.bm)[:, None], np.arange(spec.k), np.arange(spec.bn)
-  def mma(a, b, row0=None):
+  def mma(a, b, row0=None, col0=None):   # (TMA: the tile's first row and column, which A's and B's bases give too)
     (abuf, aidx), (bbuf, bidx) = a, b
     out = []
     for blk in range(aidx.shape[0]):   # one base per block: every thread of it passes the same
@@ -328,6 +356,7 @@ def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch
   assert specs, "no kernel ran on tensor cores"
   if out.shape == (1024, 256): assert (specs[0].bm, specs[0].bn) == (128, 128)
   assert specs[0].wgmma == (out.shape in ((256, 512), (2, 128, 256)))
+  assert (specs[0].tma is not None) == (out.shape == (256, 512))   # (TMA: no batch; its producer's threads repeat no store)
   assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
@@ -578,10 +607,33 @@ def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
   ta, tw = Tensor(a, dtype=dtype, device="CUDA"), Tensor(w, dtype=dtype, device="CUDA")
   out = ta @ (tw.T if transposed else tw)
-  assert "g_wgmma_tile" in cuda_text(out)
+  assert "g_wgmma_tma_tile" in cuda_text(out)   # (a matrix product: its tiles copied by TMA)
   a, w = ta.numpy().astype(np.float32), tw.numpy().astype(np.float32)   # the rounded operands
   want = a @ (w.T if transposed else w)
   assert rel_err(out.numpy().astype(np.float32), want) < (2e-3 if dtype == "float16" else 1e-2)   # one rounding of a float32 sum
+
+
+def test_tma_tiles_follow_new_inputs_on_a_warm_call_and_an_offset_view_on_the_gpu(gpu):
+  # the tensor maps hold the buffers' addresses: the host makes them per launch from the pointers it is given, so a
+  # second call of the same program on new tensors reads those (not the first call's)
+  from runtime.realize import last_program
+  def product(seed):
+    x, w, b = normal(2048, 512, seed=seed), normal(512, 4096, seed=seed + 1), normal(4096, seed=seed + 2)
+    out = (Tensor(x, device="CUDA") @ Tensor(w, device="CUDA") + Tensor(b, device="CUDA")).relu()
+    want = np.maximum((x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16).astype(np.float32) + b.astype(np.float32), 0)
+    return out, want
+  (first, want1), (second, want2) = product(1), product(11)
+  got1 = first.numpy().astype(np.float32)
+  program = last_program()
+  got2 = second.numpy().astype(np.float32)
+  assert last_program() is program and any("g_wgmma_tma_tile" in ck.source for ck in program.kernels_called())
+  assert_allclose(got1, want1, rtol=2e-2, atol=2e-2)
+  assert_allclose(got2, want2, rtol=2e-2, atol=2e-2)
+  assert rel_err(got2, want1) > 0.1   # (the answers differ: the second is not the first's)
+  x, w = normal(2056, 512, seed=5), normal(512, 4096, seed=6)
+  out = Tensor(x, device="CUDA")[8:] @ Tensor(w, device="CUDA")   # A's map starts 8 rows into its buffer
+  assert "g_wgmma_tma_tile" in cuda_text(out)
+  assert rel_err(out.numpy().astype(np.float32), x[8:].astype(np.float32) @ w.astype(np.float32)) < 2e-3
 
 
 def test_wgmma_with_a_batch_and_an_epilogue_on_the_gpu(gpu):

@@ -34,7 +34,11 @@ On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile
 TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
 rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
 warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
-mma.sync.
+mma.sync. A 16-bit product on wgmma whose A and B are both matrices and that has no batch loop takes its tiles by TMA
+(`TileSpec.tma`, `TensorMaps`: A's rows, B's columns and each operand's offset, which the host's tensor maps need;
+renderers/cuda_tma.py): a producer warpgroup of TMA_PRODUCER threads after the tile's, its threads ending in the
+tile's call (in the graph they hold the accumulators of thread lidx % the tile's threads: the same outputs), and as
+many slices in flight as shared memory holds. A gathered A, a batch, and TF32 keep the cp.async copies.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
@@ -52,7 +56,7 @@ kernel's and the warm-call program's keys (runtime/realize.py): changing one tak
 """
 from __future__ import annotations
 import math, os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
 from rewrite.env import env_flag
 from rules.symbolic import terms_of
@@ -83,6 +87,11 @@ WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
 # registers 0.737, with an L2 prefetch 0.744, 128x128 tiles 0.848; mma.sync 0.713), so a B along j keeps mma.sync
 TF32_WGMMA_TILES = tuple((bm, bn, wm, wn, bk // 2, stages) for bm, bn, wm, wn, bk, stages in WGMMA_TILES)
 WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
+# a 16-bit product on wgmma whose operands are matrices (no batch, no gather) takes them by TMA (renderers/cuda_tma.py):
+# a producer warpgroup of TMA_PRODUCER threads beside the tile's, and as many slices in flight as shared memory holds,
+# up to TMA_STAGES (128x256: 4; 128x128: 6)
+TMA_PRODUCER = 128
+TMA_STAGES = 6
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
@@ -162,6 +171,17 @@ class Gather:
 
 
 @dataclass(frozen=True)
+class TensorMaps:
+  """A wgmma tile's operands copied by the tensor memory accelerator (renderers/cuda_tma.py; tensor maps made by the
+  host, runtime/cuda.py): A's rows (M) and B's columns (N), and each operand's offset from its buffer's start
+  (elements; a whole number of 16 bytes, as TMA needs the tensor's address 16-byte aligned)."""
+  rows: int
+  cols: int
+  a_offset: int
+  b_offset: int
+
+
+@dataclass(frozen=True)
 class TileSpec:
   """How one block computes its tile (the MMA node's arg): operand dtype, block tile, warps, k slice and stages, the
   operands' layouts and strides (elements), the length of k, and A's gather (None: A's rows lda apart, each
@@ -180,8 +200,10 @@ class TileSpec:
   wgmma: bool = False  # Hopper's warpgroup MMA (sm_90a; renderers/cuda_wgmma.py), else mma.sync (renderers/cuda_mma.py)
   gather: Gather | None = None
   fma: bool = False    # strict float32 on the FMA units (a lane's 8x8 outputs; renderers/cuda_mma.py g_fma_tile)
+  tma: TensorMaps | None = None   # wgmma fed by TMA and a producer warpgroup (renderers/cuda_tma.py), else cp.async
   @property
-  def threads(self) -> int: return self.bm * self.bn // 64 if self.fma else self.wm * self.wn * 32
+  def threads(self) -> int:
+    return self.bm * self.bn // 64 if self.fma else self.wm * self.wn * 32 + (TMA_PRODUCER if self.tma else 0)
   @property
   def mt(self) -> int: return self.bm // self.wm // 16    # m16 fragments of a warp's tile
   @property
@@ -193,7 +215,8 @@ class TileSpec:
   @property
   def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
     if self.fma: return (self.bm + self.bn + FMA_PAD) * self.bk * 4 * self.stages + 4 * self.k
-    return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0)
+    return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0) \
+      + (16 * self.stages if self.tma else 0)   # (TMA: two 8-byte mbarriers a slice)
 
 
 @dataclass
@@ -311,7 +334,15 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   fits = [t for t in fits if t.shared_bytes <= max_shared(arch)]
   if not wgmma and not fits: return None
   chosen = wgmma[0] if wgmma else next((t for t in fits if blocks((t.bm, t.bn)) >= multiprocessors), fits[-1])
+  if chosen.wgmma and gather is None and itemsize == 2 and not batch:
+    chosen = _on_tma(chosen, TensorMaps(m, size(j), ia.get(None, 0), ib.get(None, 0)), max_shared(arch))
   return Product(st, red, a, b, rows, j, ks, batch, chosen)
+
+
+def _on_tma(spec: TileSpec, maps: TensorMaps, shared: int) -> TileSpec:
+  """The wgmma tile fed by TMA, with the most slices in flight (up to TMA_STAGES) that its shared memory holds."""
+  fits = [t for t in (replace(spec, tma=maps, stages=n) for n in range(TMA_STAGES, 1, -1)) if t.shared_bytes <= shared]
+  return fits[0] if fits else spec
 
 
 
@@ -362,11 +393,15 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   row0 = pid_m * s.bm
   # a gathered A: its base at row 0 and the block's first row apart (the template adds each row's offset)
   a_src = (base(p.a, {r: zero for r in p.rows}), row0) if s.gather else (base(p.a, {p.rows[0]: row0}),)
+  if s.tma: a_src += (row0, pid_n * s.bn)   # (TMA: the tile's coordinates in the tensor maps, renderers/cuda_tma.py)
   mma = UOp(Ops.MMA, dtypes.float32.vec(s.regs), (a_src[0], base(p.b, {p.j: pid_n * s.bn}), *a_src[1:]), s)
   stores = []
+  # (TMA: the producer warpgroup's threads, after the tile's, end in the tile's call; in the graph they hold the
+  # accumulators of thread lidx % consumers, whose stores they would repeat)
+  lane = lidx % (s.threads - TMA_PRODUCER) if s.tma else lidx
   for e in range(s.regs):
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
-    row, col = accumulator_at(s, lidx, e)
+    row, col = accumulator_at(s, lane, e)
     moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
     stores.append(substitute(p.store, {p.red: acc, **moves}))
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}

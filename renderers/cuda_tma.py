@@ -1,0 +1,137 @@
+"""CUDA text of a Hopper wgmma tile fed by the tensor memory accelerator (TMA): the `MMA` node of
+rules/opt/tensor_core.py whose TileSpec has `tma` set (a 16-bit matrix product, no batch, on sm_90).
+
+The block is BM/64 consumer warpgroups (threads 0..2*BM-1, as in renderers/cuda_wgmma.py, so the accumulators and the
+epilogue's stores are laid out the same) and one producer warpgroup after them. One thread of the producer copies each
+slice of 64 along k of the A tile (BM rows of 128 bytes) and the B tile into shared memory with
+`cp.async.bulk.tensor.2d` (one box of 64 x BM for A; B along k one box of 64 x BN, B along j BN/64 boxes of 64 columns
+by 64 k), through tensor maps the host made (runtime/cuda.py: `G_TMAP(...)` before the kernel's name declares each,
+its tensor passed as `const __grid_constant__ g_tensor_map` after the buffers). The maps ask for the 128-byte swizzle,
+which lays a box out as renderers/cuda_wgmma.py's descriptors read it (chunk c of a 128-byte row r at c ^ (r % 8),
+atoms of 8 rows 1024-byte aligned), so the descriptors are the cp.async template's.
+
+STAGES slices in flight, each with two mbarriers: `full` (the producer's expected bytes; the copies complete it) and
+`empty` (one arrival per consumer warp once the wgmma group that read the slice is retired). A consumer waits on
+`full`, issues its 4 wgmma as one group, retires the group before (`wgmma.wait_group 1`) and releases that one's
+slice; the producer waits on `empty` before refilling a slice. No block barrier in the loop. Registers: the kernel is
+launched with `__launch_bounds__(threads, 1)`, and `setmaxnreg` gives the producer 40 and the consumers 232 (128
+accumulators of a 128x256 tile and the epilogue). The producer's threads then end (`exit`): the epilogue after the
+call is the consumers' alone.
+"""
+from __future__ import annotations
+from rewrite import UOp, Ops, dtypes
+
+BK = 64            # a slice: 128 bytes of 16-bit k (one swizzled row)
+PRODUCER = 128     # the producer warpgroup's threads
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 x 40 + 256 x 232 <= 65536 registers
+
+PRELUDE = r"""
+/* a tensor map (the driver's CUtensorMap: 128 opaque bytes), made on the host (runtime/cuda.py) and passed by value;
+   G_TMAP(...) before a kernel's name declares one for the host (see runtime/cuda.py tensor_maps) */
+struct __align__(64) g_tensor_map { unsigned long long opaque[16]; };
+#define G_TMAP(...)
+__device__ __forceinline__ void g_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void g_mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void g_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+/* until the phase of parity `parity` of the barrier has completed */
+__device__ __forceinline__ void g_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred p;\nG_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra G_WAIT;\n}\n"
+               :: "r"(bar), "r"(parity) : "memory");
+}
+/* the box at (c0 inner, c1 outer) of `map`'s tensor into shared memory at dst; its bytes complete `bar` */
+__device__ __forceinline__ void g_tma_load(unsigned dst, const g_tensor_map& map, int c0, int c1, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+               :: "r"(dst), "l"(&map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+/* one block's BM x BN product tile, its operands copied by TMA: acc[e] of each consumer lane, laid out as
+   g_wgmma_tile's (renderers/cuda_tma.py); the producer's threads do not return */
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K>
+__device__ __forceinline__ void g_wgmma_tma_tile(float* acc, const g_tensor_map& ta, const g_tensor_map& tb, int row0, int col0) {
+  constexpr int BK = 64, KSTEP = 16, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
+  constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+  static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 2, "tile sizes");
+  const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
+  const unsigned bars = base + STAGES * STAGE;   /* full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CONSUMERS / 32); }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   /* the inits, seen by the copy engine */
+  }
+  __syncthreads();
+  if (tid >= CONSUMERS) {   /* the producer warpgroup: one thread issues every copy */
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(""" + str(PRODUCER_REGS) + r"""));
+    if (tid == CONSUMERS) {
+      for (int kt = 0; kt < KT; kt++) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) g_mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) + 1) & 1);   /* its last readers are done */
+        const unsigned sa = base + s * STAGE, sb = sa + A_BYTES, full = bars + 8 * s;
+        g_mbar_expect(full, STAGE);
+        g_tma_load(sa, ta, kt * BK, row0, full);
+        if (B_ALONG_K) g_tma_load(sb, tb, kt * BK, col0, full);
+        else {
+#pragma unroll
+          for (int c = 0; c < BN / 64; c++) g_tma_load(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full);
+        }
+      }
+    }
+    asm volatile("exit;\n" ::: "memory");
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(""" + str(CONSUMER_REGS) + r"""));
+    const int wg = tid >> 7;
+#pragma unroll
+    for (int e = 0; e < REGS; e++) acc[e] = 0.0f;
+    for (int kt = 0; kt < KT; kt++) {
+      const int s = kt % STAGES;
+      g_mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+      const unsigned sa = base + s * STAGE, sb = sa + A_BYTES;
+      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
+      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
+        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      g_wgmma_wait<1>();   /* group kt - 1 is done: its slice goes back to the producer */
+      if (kt > 0 && (tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+    }
+    g_wgmma_wait<0>();
+  }
+}
+"""
+
+
+def holds_tma(linear: UOp) -> bool: return any(u.op is Ops.MMA and u.arg.tma is not None for u in linear.src)
+
+
+def _param(linear: UOp, buf: UOp) -> int:
+  """The position among the kernel's parameters of the buffer `buf` (cstyle.kernel_params: globals by slot)."""
+  return sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL).index(buf.arg)
+
+
+def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
+  """The kernel's head declarations of its tensor maps (`G_TMAP(param, element bytes, inner size, outer size, outer
+  stride, inner box, outer box, offset)`, sizes and offsets in elements) and their parameters, after the buffers."""
+  m = next(u for u in linear.src if u.op is Ops.MMA and u.arg.tma is not None)
+  s, t = m.arg, m.arg.tma
+  a, b = (_param(linear, m.src[i].src[0]) for i in (0, 1))
+  # A: rows of k (K-major); B along k: a row of k per column; B along j: a row of columns per k
+  maps = [(a, s.k, t.rows, s.lda, BK, s.bm, t.a_offset),
+          (b, s.k, t.cols, s.ldb, BK, s.bn, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
+  head = "".join(f" G_TMAP({p}, {s.itemsize}, {inner}, {outer}, {ld}, {bi}, {bo}, {off})" for p, inner, outer, ld, bi, bo, off in maps)
+  return head, ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+
+
+def render_tma(ctx, m: UOp) -> str:
+  """The tile's call: its accumulators, the two maps, the tile's first row and column (the MMA's third and fourth
+  sources)."""
+  s = m.arg
+  t = ctx.lang.type(getattr(dtypes, s.dtype))
+  args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}"
+  return (f"float {ctx.names[m]}[{s.regs}];\n"
+          f"g_wgmma_tma_tile<{args}>({ctx.names[m]}, g_map_a, g_map_b, {ctx[m.src[2]]}, {ctx[m.src[3]]});")
