@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from rewrite import UOp, PatternMatcher, Ops, graph_rewrite
 import sys
-from .realize import detach_rules, stored_read_rules, share_rules, ShareContext, realize_rules, reuse_rules, ReuseContext, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import detach_rules, stored_read_rules, share_rules, realize_rules, reuse_rules, ReuseContext, kernelize_rules, group_rules, RealizeContext, KernelizeContext, GroupDecisions, in_dependency_order
+from .realize import read_store_rules, StoreIndex, is_graph_store, is_stored_reduction, is_shared_value_store, choose_shared_values
 from .views import view_rules
 from .lower import lower_rules, LowerContext
 from .symbolic import symbolic_rules
@@ -45,6 +46,12 @@ class Stage:
   # (ctx, the stage's input) -> None: reads the input once before the rules run, to fill the context with what they
   # look up (an index of the schedule, a kernel's chosen plan). A policy or an index, never a rewrite.
   prepare: Callable[[Any, UOp], None] | None = None
+  # run again (a new context, prepare, the rules) on what a pass made until a pass changes nothing, at most
+  # MAX_PASSES times: for rules that look nodes up in an index of the graph that their own rewrites change
+  to_fixed_point: bool = False
+
+
+MAX_PASSES = 8   # a stage still changing the graph after this many passes is left as it is (see its contract)
 
 
 @dataclass
@@ -146,23 +153,29 @@ class Pipeline:
     """Apply every stage of `scope` in order."""
     for stage in self.stages:
       if stage.scope != scope or (stage.applies is not None and not stage.applies(run)): continue
-      ctx = stage.make_ctx(run) if stage.make_ctx else None
-      if stage.prepare is not None:
-        try: stage.prepare(ctx, root)
-        except Exception as e:   # the error keeps its type (InvalidPlan, say); the note says where it came from
-          e.add_note(f"while preparing stage {stage.name!r} ({getattr(stage.prepare, '__qualname__', stage.prepare)})")
-          raise
-      root = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down)
+      for _ in range(MAX_PASSES if stage.to_fixed_point else 1):
+        ctx = stage.make_ctx(run) if stage.make_ctx else None
+        if stage.prepare is not None:
+          try: stage.prepare(ctx, root)
+          except Exception as e:   # the error keeps its type (InvalidPlan, say); the note says where it came from
+            e.add_note(f"while preparing stage {stage.name!r} ({getattr(stage.prepare, '__qualname__', stage.prepare)})")
+            raise
+        root, before = graph_rewrite(root, stage.rules, ctx, name=stage.name, top_down=stage.top_down), root
+        if root is before: break
     return root
 
 
 pipeline = Pipeline([
   # softmax(scores) @ values becomes one node of an online softmax, before anything decides buffers (rules/attention.py)
   Stage("attention", detach_rules + attention_rules, "graph", _attention_ctx),
-  Stage("stored_reads", stored_read_rules, "graph"),
-  Stage("share", share_rules, "graph", lambda run: ShareContext(), prepare=ShareContext.index_readers),
+  Stage("stored_reads", stored_read_rules, "graph", lambda run: StoreIndex(is_graph_store), top_down=True, prepare=StoreIndex.index,
+        to_fixed_point=True),
+  Stage("share", share_rules, "graph", lambda run: StoreIndex(is_shared_value_store), top_down=True,
+        prepare=choose_shared_values),
   Stage("realize", realize_rules, "graph", lambda run: RealizeContext(), prepare=RealizeContext.index_stored),
   Stage("reuse", reuse_rules, "graph", lambda run: ReuseContext()),
+  Stage("stored_reductions", read_store_rules, "graph", lambda run: StoreIndex(is_stored_reduction), top_down=True,
+        prepare=StoreIndex.index, to_fixed_point=True),
   Stage("kernelize", kernelize_rules, "graph", _kernelize_ctx),
   Stage("group", group_rules, "schedule", _group_ctx, prepare=GroupDecisions.index_schedule),
   Stage("gpu_fuse", fuse_rules, "schedule", _fuse_ctx, prepare=FuseContext.index_schedule),

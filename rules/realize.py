@@ -1,8 +1,9 @@
 """Realization: which tensor-level nodes become buffers, and the kernels that fill them.
 
-Stage `share` (rule set `share_rules`, ctx: `ShareContext`, its index made by `ShareContext.index_readers` before the
-rule runs) stores once a computed value that kernels of several depths read and would each recompute from two or
-more stored values: the residual stream of a stack of layers (`store_shared_values`).
+Stage `share` (rule set `share_rules`, ctx: `StoreIndex` of `is_shared_value_store`, its stores chosen by the policy
+`choose_shared_values` before the rules run) stores once a computed value that kernels of several depths read and
+would each recompute from two or more stored values: the residual stream of a stack of layers. Its rules are those of
+stored_reads: each reader reads the value from its store.
 
 Stage `realize` (rule set `realize_rules`) takes `SINK(outputs...)` of a tensor-level graph and marks with
 `CONTIGUOUS` every node that must be a buffer: the outputs, the source of a device copy, a computed value that
@@ -14,12 +15,15 @@ for a product (`_mul_sum`) is stored as its halves from under its views (`store`
 the product keeps the form tensor cores take. Everything else stays inline and fuses into the kernel that reads it: chains of elementwise ops fuse, and a
 reduction fuses with the elementwise work before and after it. Constants are never buffers.
 
-Stage `stored_reads` (rule set `stored_read_rules`, before `share`) reads each value the graph stores already
-(`contiguous()`: a user's, the gradient's) from its buffer wherever else it is computed inline.
+Stage `stored_reads` (rule set `stored_read_rules`, before `share`, ctx: `StoreIndex` of `is_graph_store`) reads each
+value the graph stores already (`contiguous()`: a user's, the gradient's) from its buffer wherever else it is computed
+inline. Stage `stored_reductions` (rule set `read_store_rules`, after `reuse`, ctx: `StoreIndex` of
+`is_stored_reduction`) does the same for each stored reduction. Both are rules on each node, top-down, over an index of
+the stores made before each pass (`StoreIndex.index`), and run to a fixed point (`Stage.to_fixed_point`): when they
+are done, no value a store of theirs stores is computed anywhere but in its store.
 
 Stage `reuse` (rule set `reuse_rules`, ctx: `ReuseContext`, after `realize`) makes one CONTIGUOUS of each stored value
-(the gradient's and a realize rule's of one node) and reads each stored reduction from its buffer wherever it is
-computed inline: no value is stored twice, none recomputed where its buffer exists.
+(the gradient's and a realize rule's of one node): no value is stored twice.
 
 Stage `kernelize` (rule set `kernelize_rules`, bottom-up, ctx: `KernelizeContext`) replaces each `CONTIGUOUS(x)` by
 `VIEW(BUFFER)` of a new buffer and records the kernel `KERNEL(STORE(VIEW(BUFFER), x))` that fills it, and each
@@ -273,52 +277,59 @@ def one_buffer_per_value(ctx: ReuseContext, c: UOp) -> UOp | None:
   return kept if kept is not c else None
 
 
-def read_from_stores(sink: UOp, store_of: Callable[[UOp], UOp | None]) -> UOp | None:
-  """sink with every value that `store_of` says a CONTIGUOUS stores read from that buffer wherever it is computed
-  inline, inside another store too; a second store of it is the first. Sources first, so a value over a stored one
-  reads that one's buffer; two values that are equal once rewritten (a mean of x stored, another of x computed inline,
-  which reads x's buffer now) are one store. An equality found after the walk passed the other reader is caught by
-  the next walk, which starts from the stores found: a walk that makes no new one is the answer (two or three)."""
-  made: dict[UOp, UOp] = {}   # a stored value as rewritten -> its store
-  for _ in range(8):
-    new: dict[UOp, UOp] = {}
-    stores = set(made.values())
-    grew = False
-    for n in sink.toposort:
-      if n.op is Ops.CONTIGUOUS and (s := new.get(n.src[0])) is not None and s in stores:
-        new[n] = s   # the store itself (or another store of the same value)
-        continue
-      moved = n if not any(s in new for s in n.src) else n.replace(src=tuple(new.get(s, s) for s in n.src))
-      if (done := made.get(moved)) is not None: new[n] = done
-      elif (store := store_of(n)) is not None:   # its readers read the buffer
-        new[n] = made[moved] = store.replace(src=(moved,))
-        stores.add(new[n]); grew = True
-      elif moved is not n: new[n] = moved
-    if not grew: break
-  out = new.get(sink, sink)
-  return None if out is sink else out
-
-
-def read_stored_reductions(ctx: ReuseContext, sink: UOp) -> UOp | None:
-  """Each reduction a CONTIGUOUS stores is read from that buffer by every value that computes it inline, a store of
-  another reduction included (attention's scores over q + bias: the qkv product once). The realize stage looks stored
-  values up as it rewrites, so it misses one whose operands it stored after (the qkv product: stored raw by the
-  gradient, and computed again into q + bias once the layer norm before it was stored); here, the root visited last,
-  the graph is final. A reduction that is an output too is read from the output's buffer."""
-  outputs = {n.src[0]: n for n in sink.toposort if n.op is Ops.CONTIGUOUS and _is_output(n)}
-  return read_from_stores(sink, lambda n: outputs.get(n, ctx.stored.get(n)) if n.op is Ops.REDUCE_AXIS else None)
-
-
 reuse_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c"), one_buffer_per_value),
-  (UPat(Ops.SINK, name="sink"), read_stored_reductions),
 ], name="reuse")
 
 
-# ---- stored_reads: a value the program stores is read from its buffer ----
+# ---- stored_reads and stored_reductions: a value the graph stores is read from its store ----
+@dataclass
+class StoreIndex:
+  """A reading-from-stores stage's context: which CONTIGUOUS are stores (`is_store`), and `store_of`: each value a store
+  of the graph stores -> that store (an output's where it is one: the output keeps its buffer; else the first met),
+  indexed before each pass (the stage's prepare, `index`), and each stored value as the pass rebuilds it (over sources
+  that read stores now) -> its store rebuilt, noted as the rules meet it."""
+  is_store: Callable[[UOp], bool]
+  store_of: dict[UOp, UOp] = field(default_factory=dict)
+
+  def index(self, sink: UOp) -> None:
+    for n in sink.toposort:
+      if n.op is Ops.CONTIGUOUS and self.is_store(n): self.note(n)
+
+  def note(self, c: UOp) -> None:
+    if _is_output(c) or c.src[0] not in self.store_of: self.store_of[c.src[0]] = c
+
+
+def is_graph_store(c: UOp) -> bool:
+  """A `contiguous()` in the program (a user's, the gradient's) of a computed value: stage stored_reads' stores."""
+  return c.arg is None and not is_buffer_view(c.src[0]) and c.src[0].op is not Ops.CONST
+
+
+def is_stored_reduction(c: UOp) -> bool: return c.src[0].op is Ops.REDUCE_AXIS   # stage stored_reductions' stores
+
+
+def one_store_per_value(ctx: StoreIndex, c: UOp) -> UOp | None:
+  """A second store of a stored value is its store, and so is a store of that store. A store met over a value the
+  index does not hold (its sources read stores now) is noted: readers of that value met later read it."""
+  x = c.src[0]
+  if (s := ctx.store_of.get(x)) is not None and s is not c: return s
+  if s is None and ctx.is_store(c): ctx.note(c)
+  return x if x.op is Ops.CONTIGUOUS and ctx.store_of.get(x.src[0]) is x else None
+
+
+def read_from_store(ctx: StoreIndex, u: UOp) -> UOp | None:
+  """u reads each of its sources that a store stores from that store (the store itself reads the value)."""
+  store_of = ctx.store_of
+  for s in u.src:   # a loop, not a tuple built: this is asked of every node of the graph
+    if s in store_of: break
+  else: return None
+  src = tuple(st if (st := store_of.get(s)) is not None and st is not u else s for s in u.src)
+  return None if src == u.src else u.replace(src=src)
+
+
 def store_the_reshaped_value(c: UOp) -> UOp | None:
   """A reshape stored (the gradient of a product, at the product's shape with its summed axis) stores the value itself,
-  read through the reshape: the buffer is the value's, which its other readers read (`read_graph_stores`)."""
+  read through the reshape: the buffer is the value's, which its other readers read."""
   if c.arg is not None or not _is_reshape(v := c.src[0]): return None
   return UOp(Ops.VIEW, c.dtype, (UOp(Ops.CONTIGUOUS, c.dtype, (v.src[0],)),), View.contiguous(shape_of(c)))
 
@@ -329,46 +340,46 @@ def _is_reshape(v: UOp) -> bool:
           and v.arg.size == math.prod(shape_of(v.src[0])))
 
 
-def read_graph_stores(sink: UOp) -> UOp | None:
-  """Each value the graph stores already (`contiguous()` of it: a user's, or the gradient's, which stores the incoming
-  gradient of a product) is read from that buffer wherever else it is computed inline. A linear layer's backward
-  stores d(pre-activation) for its two products, and its bias gradient summed the same value recomputed from the
-  GELU's derivative; read at two depths, every step of that derivative was then stored by the share stage, a chain
-  of a dozen elementwise kernels per layer."""
-  stores = {n.src[0]: n for n in sink.toposort
-            if n.op is Ops.CONTIGUOUS and n.arg is None and not is_buffer_view(n.src[0]) and n.src[0].op is not Ops.CONST}
-  return read_from_stores(sink, stores.get) if stores else None
-
-
+read_store_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
+  (UPat(name="u"), read_from_store),
+], name="stored_reductions")
+share_rules = PatternMatcher([
+  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
+  (UPat(name="u"), read_from_store),
+], name="share")
 stored_read_rules = PatternMatcher([
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value),
-  (UPat(Ops.SINK, name="sink"), read_graph_stores),
+  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
+  (UPat(name="u"), read_from_store),
 ], name="stored_reads")
 
 
 # ---- share: a value read by kernels of several depths is stored once ----
-@dataclass
-class ShareContext:
-  """The share stage's context: its index of the tensor graph (prepare: `index_readers`), made once per realize.
-  `level[n]`: how many reductions deep n is computed (a reduction is one level above its input); `readers[n]`: the
-  lowest and highest level of the reductions and outputs that read n inline (not behind a buffer)."""
-  level: dict[UOp, int] = field(default_factory=dict)
-  readers: dict[UOp, tuple[int, int]] = field(default_factory=dict)
-  done: bool = False
+SHARED = Realized(None, "a value read by kernels of several depths, stored once (policy choose_shared_values)")
 
-  def index_readers(self, sink: UOp) -> None:
-    order = list(sink.toposort)
-    for n in order:
-      below = max([self.level[s] for s in n.src], default=0)
-      self.level[n] = below + 1 if n.op is Ops.REDUCE_AXIS else below
-    for n in reversed(order):   # users before their sources
-      if n.op is Ops.SINK: continue
-      mine = self.readers.setdefault(n, (self.level[n], self.level[n]))   # unread below: an output
-      # a reduction, a buffer or a copy is where inline reading stops: n's sources are read at its level
-      lo, hi = (self.level[n],) * 2 if n.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY) else mine
-      for s in n.src:
-        old = self.readers.get(s)
-        self.readers[s] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+def is_shared_value_store(c: UOp) -> bool: return c.arg == SHARED   # stage share's stores
+
+
+def reader_levels(sink: UOp) -> dict[UOp, tuple[int, int]]:
+  """Each node -> the lowest and highest reduction level of the reductions and outputs that read it inline (not behind
+  a buffer), where a node's level is how many reductions deep it is computed (a reduction is one above its input)."""
+  order = list(sink.toposort)
+  level: dict[UOp, int] = {}
+  for n in order:
+    below = max([level[s] for s in n.src], default=0)
+    level[n] = below + 1 if n.op is Ops.REDUCE_AXIS else below
+  readers: dict[UOp, tuple[int, int]] = {}
+  for n in reversed(order):   # users before their sources
+    if n.op is Ops.SINK: continue
+    mine = readers.setdefault(n, (level[n], level[n]))   # unread below: an output
+    # a reduction, a buffer or a copy is where inline reading stops: n's sources are read at its level
+    lo, hi = (level[n],) * 2 if n.op in (Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.COPY) else mine
+    for s in n.src:
+      old = readers.get(s)
+      readers[s] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+  return readers
 
 
 def whole_reads(x: UOp, stored: set[UOp]) -> int:
@@ -387,29 +398,19 @@ def whole_reads(x: UOp, stored: set[UOp]) -> int:
   return len(found)
 
 
-def store_shared_values(ctx: ShareContext, sink: UOp) -> UOp | None:
-  """Each computed value read by kernels of several depths that would have each of them read two or more stored
-  values to recompute it, stored once instead: the residual stream of a transformer (x + attention(x) read by the next
-  layer norm's mean, its variance and the product after it) is one buffer per layer, not a sum recomputed from layer 0
-  by every later kernel. Values are chosen sources first, so a value over one chosen below reads that one buffer (the
-  norm's x - mean is not stored once x is)."""
-  if ctx.done: return None
-  ctx.done = True
-  chosen: list[UOp] = []
+def choose_shared_values(ctx: StoreIndex, sink: UOp) -> None:
+  """Stage share's policy (its prepare): each computed value read by kernels of several depths that would have each of
+  them read two or more stored values to recompute it is stored once, its store the index's: the residual stream of a
+  transformer (x + attention(x) read by the next layer norm's mean, its variance and the product after it) is one
+  buffer per layer, not a sum recomputed from layer 0 by every later kernel. Values are chosen sources first, so a
+  value over one chosen below reads that one buffer (the norm's x - mean is not stored once x is). The stage's rules
+  then read each from its store (`read_from_store`, as stored_reads does)."""
+  readers, chosen = reader_levels(sink), set()
   for n in sink.toposort:
-    if n.op not in GroupOp.Elementwise or (r := ctx.readers.get(n)) is None or r[0] == r[1]: continue
-    if whole_reads(n, set(chosen)) >= 2: chosen.append(n)
-  if not chosen: return None
-  stored: dict[UOp, UOp] = {}
-  for n in chosen:   # sources first: each one's value reads the buffers of those below it
-    stored[n] = UOp(Ops.CONTIGUOUS, n.dtype, (substitute(n, stored),),
-                    Realized(None, "a value read by kernels of several depths, stored once (rule store_shared_values)"))
-  return substitute(sink, stored)
-
-
-share_rules = PatternMatcher([
-  (UPat(Ops.SINK, name="sink"), store_shared_values),
-], name="share")
+    if n.op not in GroupOp.Elementwise or (r := readers.get(n)) is None or r[0] == r[1]: continue
+    if whole_reads(n, chosen) >= 2:
+      chosen.add(n)
+      ctx.store_of[n] = UOp(Ops.CONTIGUOUS, n.dtype, (n,), SHARED)
 
 
 # ---- kernelize ----

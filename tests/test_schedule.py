@@ -176,7 +176,7 @@ def test_a_value_stored_by_the_gradient_and_by_the_realize_stage_is_one_buffer(m
 
 def test_a_linear_layers_gelu_backward_is_one_kernel(monkeypatch):
   # the backward stores d(pre-activation) for its two products; the bias gradient reads that buffer too (rule
-  # read_graph_stores), instead of recomputing it, which had the share stage store each step of the GELU's derivative
+  # read_from_store), instead of recomputing it, which had the share stage store each step of the GELU's derivative
   # (read at two depths): 8 elementwise kernels of the layer's shape, now 1 (and 1 for the forward's GELU)
   a, w1, b1, w2 = (Tensor(rng.standard_normal(s).astype(np.float32) * 0.1, requires_grad=True, device="CPU")
                    for s in ((64, 32), (32, 48), (48,), (48, 32)))
@@ -244,3 +244,20 @@ def test_each_buffer_is_explained_by_the_rule_that_decided_it():
   assert any("(rule _realize_product_operands at" in e for e in reasons), reasons
   assert any("(rule _realize_before_expand at" in e for e in reasons), reasons
   assert not any("(rule store at" in e for e in reasons)
+
+
+def test_values_equal_once_they_read_stores_share_one_store():
+  # x is stored, and so is a sum of x computed inline; a second sum reads x's buffer. Once the first reads x's buffer
+  # too, the two sums are one value: the stage's second pass reads it from its store (stored_reads, to a fixed point)
+  from rules.pipeline import Pipeline, pipeline
+  a = Tensor(rng.standard_normal((8, 16)).astype(np.float32))
+  v = a.exp()
+  stored, inline = v.sum(1).contiguous(), v.contiguous().sum(1)
+  passes = []
+  stage = pipeline.stages[pipeline.index("stored_reads")]
+  counting = type(stage)(**{**stage.__dict__, "prepare": lambda ctx, root: (passes.append(root), stage.prepare(ctx, root))})
+  out = Pipeline([counting]).run(UOp(Ops.SINK, src=(stored.uop, (stored + inline).uop), arg=("CPU", "CPU")), "graph", Run("CPU"))
+  sums = [n for n in out.toposort if n.op is Ops.REDUCE_AXIS]
+  assert len(sums) == 1 and all(n.op is Ops.CONTIGUOUS for n in out.toposort if sums[0] in n.src), out
+  assert len(passes) == 3, "a pass redirects x's readers, one the equal sum's, one finds nothing"
+  np.testing.assert_allclose((stored + inline).numpy(), 2 * np.exp(a.numpy()).sum(1), rtol=1e-5)

@@ -1,6 +1,6 @@
 """The share stage: a value read by kernels of several depths, which each of them would recompute from two or more
-stored values, is stored once (rules/realize.py `store_shared_values`). The residual stream of a stack of layers is
-then one buffer per layer, and identical layers compile to identical kernels."""
+stored values, is stored once (rules/realize.py `choose_shared_values`, the share stage's policy). The residual stream
+of a stack of layers is then one buffer per layer, and identical layers compile to identical kernels."""
 import numpy as np
 from tensor import Tensor
 from runtime.realize import build_program
@@ -54,4 +54,4 @@ def test_debug_2_says_why_the_value_was_stored(capsys, monkeypatch):
   monkeypatch.setenv("DEBUG", "2")
   a, b = (np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32) for _ in range(2))
   (Tensor(a) + Tensor(b)).layernorm(-1).numpy()   # a + b: read by the mean, the variance and the output
-  assert f"{WHY} (rule store_shared_values)" in capsys.readouterr().out
+  assert f"{WHY} (policy choose_shared_values)" in capsys.readouterr().out
