@@ -7,8 +7,9 @@ tc: the tensor-core path the product took (tma: Hopper's warpgroup MMA fed by TM
 mma: mma.sync; GRAFT_WGMMA=0 keeps mma.sync;
 fma: a strict float32 convolution's FMA tile). Rows: fp16 and bf16 products 8192^3 and 4096^3 (float32 accumulation),
 (x @ W + b).gelu() in fp16 with x 8192x4096 and W 4096x4096 (torch eager: cuBLAS, then the add and the tanh-GELU as
-kernels of their own), float32 4096^3 with TF32 (GRAFT_TF32=1: Graft's generated TF32 kernel -- mma.sync for x @ W,
-wgmma for x @ W.T (tf32_4096_nt), whose B is stored along k -- and Graft's cuBLAS call, against torch with allow_tf32), and the convolution 32x128x56x56, 128 filters of 3x3, padding 1 (Graft:
+kernels of their own), float32 4096^3 with TF32 (GRAFT_TF32=1: Graft's generated TF32 kernel -- wgmma for x @ W
+(tf32_4096: B stored along j, the transposed product) and for x @ W.T (tf32_4096_nt: B stored along k) -- and Graft's
+cuBLAS call, against torch with allow_tf32), and the convolution 32x128x56x56, 128 filters of 3x3, padding 1 (Graft:
 the padded copy -- fp16: channels-last, and the filters' copy -- then the implicit product) against cuDNN: fp32 strict
 (torch's cudnn.allow_tf32 off), fp32 with TF32 on both sides, fp16.
 Each figure: the median over 5 rounds of (10 calls back to back, then one device synchronize) / 10, after 3 warm-up

@@ -22,6 +22,7 @@ A row masked so far reads its exponents against 0 (no -inf - -inf); a row masked
 """
 from __future__ import annotations
 import math
+from dataclasses import dataclass
 from rewrite import UOp, Ops, dtypes
 from rules.shapes import shape_of
 from rules.strided_view import View, contiguous_strides
@@ -59,9 +60,10 @@ class NotVector(Exception):
 class Epilogue:
   """E(x, batch indices, i, j) as one C expression: the scores with the dot product's value named `x`. `lanes`: as C
   of vectors (x a floatx<lanes>, j an intx<lanes> `jv` of the block's keys; a comparison a 0/-1 mask, a select bitwise
-  on it), else of scalars."""
-  def __init__(self, dot: UOp, lanes: int = 0):
-    self.dot, self.lanes = dot, lanes
+  on it), else of scalars. `lang`: the language whose literals it writes (renderers/cstyle.py; CUDA's for the GPU's
+  kernel)."""
+  def __init__(self, dot: UOp, lanes: int = 0, lang=C):
+    self.dot, self.lanes, self.lang = dot, lanes, lang
 
   def vec(self, code: str) -> bool: return bool(self.lanes) and ("x" in code.replace("INFINITY", "") or "jv" in code)
 
@@ -76,7 +78,7 @@ class Epilogue:
     if u.op is Ops.VIEW:
       v, inner = u.arg, u.src[0]
       if v.mask is not None: raise Unsupported("the scores read a padded view")
-      if inner.op is Ops.CONST: return C.literal(inner.dtype, inner.arg)
+      if inner.op is Ops.CONST: return self.lang.literal(inner.dtype, inner.arg)
       flat = " + ".join([str(v.offset)] + [f"({i})*{s}" for i, s in zip(idx, v.strides) if s != 0])
       if inner.op is Ops.BUFFER:
         if self.lanes: raise NotVector()
@@ -84,7 +86,7 @@ class Epilogue:
       shape = shape_of(inner)
       return self.expr(inner, [unravel(v, idx, flat, n, st) for n, st in zip(shape, contiguous_strides(shape))], False)
     if u.op is Ops.IOTA: return f"({idx[0]})"
-    if u.op is Ops.CONST: return C.literal(u.dtype, u.arg)
+    if u.op is Ops.CONST: return self.lang.literal(u.dtype, u.arg)
     args = [self.expr(s, idx, top) for s in u.src]
     vector = any(map(self.vec, args))
     if vector and u.op in (Ops.CMPNE, Ops.WHERE):
@@ -132,8 +134,31 @@ def lanes(d: int) -> int:
   return w
 
 
-def attention_source(norm: UOp, args: list[int]) -> str:
-  """The tiled kernel's source (KERNEL_NAME for its name) for normalized kernel `norm`; Unsupported says why not."""
+@dataclass
+class Operands:
+  """What a tiled attention kernel (this one, or renderers/attention_cuda.py) reads and writes, in its kernel's terms:
+  q, k and the values as (buffer, view), the output buffer, its view and its strides along (*batch, Tq, D), the dot
+  product and the scores' expression around it, and the buffers' dtypes by slot."""
+  out: UOp
+  out_view: View
+  out_strides: tuple[int, ...]
+  batch: tuple[int, ...]
+  tq: int
+  d: int
+  tk: int
+  q: tuple[UOp, View]
+  k: tuple[UOp, View]
+  v: tuple[UOp, View]
+  dot: UOp
+  scores: UOp
+  slots: dict[int, object]
+  @property
+  def dk(self) -> int: return self.q[1].shape[-1]   # the dot product's length (the values' head dimension may differ)
+
+
+def attention_operands(norm: UOp, args: list[int]) -> Operands:
+  """The operands of fused attention kernel `norm` (its arguments: the slots `args`), or Unsupported saying why a
+  tiled kernel cannot address them."""
   from rules.attention import OnlineSoftmax
   from rules.host import product_strides
   if len(norm.src) != 1: raise Unsupported("the kernel stores more than the attention")
@@ -153,6 +178,22 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   if av.strides[-2] != 0 or bv.strides[-3] != 0: raise Unsupported("the dot product is not q . k")
   if any(x.arg.number not in args for x in (a, b, vb)):   # (the lowered kernel dropped what its value does not need)
     raise Unsupported("the scores do not depend on q . k (a mask fills every score)")
+  slots = {u.arg.number: u.dtype for u in norm.toposort if u.op is Ops.BUFFER}
+  if any(dt not in C_TYPES for dt in slots.values()): raise Unsupported(f"it reads a buffer of {next(dt for dt in slots.values() if dt not in C_TYPES).name}")
+  return Operands(out.src[0], out.arg, tuple(os_), tuple(batch), tq, d, tk, (a, av), (b, bv), (vb, vv), dot, scores, slots)
+
+
+def base(v: View, n_batch: int) -> str:
+  """A view's offset at batch indices b0, b1, ... (C names) as C text."""
+  return " + ".join([str(v.offset)] + [f"b{n}*{s}" for n, s in enumerate(v.strides[:n_batch]) if s])
+
+
+def attention_source(norm: UOp, args: list[int]) -> str:
+  """The tiled kernel's source (KERNEL_NAME for its name) for normalized kernel `norm`; Unsupported says why not."""
+  ops = attention_operands(norm, args)
+  batch, tq, d, tk, os_, dot, scores, slots = list(ops.batch), ops.tq, ops.d, ops.tk, ops.out_strides, ops.dot, ops.scores, ops.slots
+  (a, av), (b, bv), (vb, vv) = ops.q, ops.k, ops.v
+  out = UOp(Ops.VIEW, ops.out.dtype, (ops.out,), ops.out_view)
   dk = av.shape[-1]   # the dot product's length (the values' head dimension d may differ)
   w = lanes(d)
   nb = math.prod(batch)
@@ -161,7 +202,6 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   try: vector_ep = Epilogue(dot, w).expr(scores, [f"(int){b}" for b in idx] + ["i", "jv"], True)
   except NotVector: vector_ep = None
   bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
-  def base(v: View, n_batch: int) -> str: return " + ".join([str(v.offset)] + [f"b{n}*{s}" for n, s in enumerate(v.strides[:n_batch]) if s])
   nbt = len(batch)
   qi, qd = av.strides[nbt], av.strides[-1]
   kj, kd = bv.strides[nbt + 1], bv.strides[-1]
@@ -173,8 +213,6 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   nv, f = d // w, f"floatx{w}"
   tkp, block = -(-tk // (w * kb)) * w * kb, w * kb
   rows = max(1, min(R, 16 // nv))   # the accumulators of a tile: rows x nv vectors, at most 16 registers
-  slots = {u.arg.number: u.dtype for u in norm.toposort if u.op is Ops.BUFFER}
-  if any(dt not in C_TYPES for dt in slots.values()): raise Unsupported(f"it reads a buffer of {next(dt for dt in slots.values() if dt not in C_TYPES).name}")
   params = ", ".join(("" if n == out.src[0].arg.number else "const ") + f"{C_TYPES[slots[n]]}* restrict data{n}" for n in args)
   call = ", ".join(f"data{n}" for n in args)
   chunks = -(-tq // CHUNK)

@@ -7,7 +7,8 @@ sm_90a, the only target with wgmma). A block is BM/64 warpgroups of 4 warps; war
 the block's BM x BN tile with `wgmma.mma_async.m64n{BN}k16` (f32 accumulators, f16 or bf16 operands, both read from
 shared memory through 64-bit matrix descriptors), or with GRAFT_TF32=1 `m64n{BN}k8.f32.tf32.tf32` on float32 operands
 with B along k (TF32's wgmma reads only K-major operands): every byte offset below is the same (a slice is 128 bytes
-of k: 64 halves or 32 floats; one wgmma 32 bytes of it).
+of k: 64 halves or 32 floats; one wgmma 32 bytes of it). A float32 B along j (x @ W) takes the transposed product
+(SWAP, below).
 The template:
 - copies each slice of 64 along k of the block's A tile (BM rows of 128 bytes) and B tile into shared memory with
   `cp.async` 16-byte copies, in the canonical 128-byte-swizzle layout the descriptors name: 16-byte chunk c of a
@@ -32,6 +33,16 @@ The template:
   again after the product where the epilogue uses them, which alone made ptxas serialize (ptxas 13.0: `%ctaid` in
   every product; `%tid` in some, such as one column of blocks over 9 or more slices, 16896x576 @ 576x128;
   tests/test_tensor_cores.py compiles every kernel and checks).
+SWAP (TF32, B stored along j; rules/opt/tensor_core.py `TileSpec.swapped`): TF32's wgmma reads only K-major operands
+from shared memory, but its A may come from registers, where any layout does. The block computes the transpose of its
+BM x BN tile: warpgroup g the 64 columns 64g.. of B's tile (BN/64 warpgroups) against all BM rows of A's tile, with
+`m64n{BM}k8` whose A is 4 registers a lane (mma.m16n8k8's A fragment per warp: B's element (k, j) for j = 16 (warp) +
+lane/4 (+8) and k = lane%4 (+4) of each 8) and whose B is A's tile, K-major as above (SBO 1024). B's tile is copied as
+stored (cp.async of 16 bytes: a row of BN floats per k, chunk c of row r at c ^ 2 (r % 4), so a warp's 32 fragment reads
+hit 32 banks) and read with one 32-bit shared load per register. A wgmma reads its A registers while it runs (until the
+wait that retires its group; the compilers do not see this): a slice's fragments are held (`g_wgmma_hold`, a store no
+thread makes) up to that wait, so the next slice's are loaded into other registers (two sets, alternately). The
+accumulators are the transposed tile's: the layout below with rows and columns exchanged.
 A gathered A (a channels-last convolution of 16-bit operands: rules/opt/tensor_core.py `Gather.chunked`) is copied in the same 16-byte
 chunks from its rows' offsets (per thread, once) and k's (a table after the tiles); its steps wait for their own group
 (`wait_group 0`: with one left in flight ptxas serialized every wgmma of such a kernel, C7514), so its copies run
@@ -64,8 +75,23 @@ def _op(ctype: str, n: int) -> str:
           f'                 : {outs}\n                 : "l"(a), "l"(b), "r"(1), "n"(TB));\n  }}\n}};')
 
 
+def _op_rs(n: int) -> str:
+  """One TF32 wgmma of m64n{n}k8 whose A is a warpgroup's registers (4 a lane: mma.m16n8k8's A fragment per warp) and
+  whose B is read from shared memory (K-major): the transposed product of a B stored along j."""
+  regs = n // 2
+  d = ", ".join(f"%{i}" for i in range(regs))
+  outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+  a = ", ".join(f"%{regs + i}" for i in range(4))
+  return (f"template <> struct g_wgmma_rs<{n}> {{\n"
+          f"  static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned long long b) {{\n"
+          f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+          f'                 "wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"\n'
+          f'                 : {outs}\n                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));\n  }}\n}};')
+
+
 PRELUDE = "\n".join([r"""
-template <class T, int N> struct g_wgmma_op;""", *(_op(c, n) for c in TYPES for n in WIDTHS), r"""
+template <class T, int N> struct g_wgmma_op;
+template <int N> struct g_wgmma_rs;""", *(_op(c, n) for c in TYPES for n in WIDTHS), *(_op_rs(n) for n in WIDTHS), r"""
 /* a shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units), 128-byte swizzle */
 __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((address & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
@@ -76,14 +102,29 @@ __device__ __forceinline__ unsigned long long g_wgmma_desc(unsigned address, uns
 __device__ __forceinline__ int g_block_index() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 __device__ __forceinline__ int g_thread_index() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
 template <int N> __device__ __forceinline__ void g_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+/* a wgmma reads its A registers until the wait that retires its group (PTX: they must not be written before), which
+   nvcc and ptxas do not see: this keeps a slice's 16 fragments alive up to here, read by stores no thread makes (the
+   predicate, A's address equal to 1, is never true and unknown to the compilers), so the next slice's take others */
+__device__ __forceinline__ void g_wgmma_hold(const unsigned (&f)[4][4], const void* never_one, unsigned to) {
+  asm volatile("{\n.reg .pred q;\nsetp.eq.u64 q, %16, 1;\n"
+               "@q st.shared.v4.b32 [%17], {%0, %1, %2, %3};\n@q st.shared.v4.b32 [%17+16], {%4, %5, %6, %7};\n"
+               "@q st.shared.v4.b32 [%17+32], {%8, %9, %10, %11};\n@q st.shared.v4.b32 [%17+48], {%12, %13, %14, %15};\n}\n"
+               :: "r"(f[0][0]), "r"(f[0][1]), "r"(f[0][2]), "r"(f[0][3]), "r"(f[1][0]), "r"(f[1][1]), "r"(f[1][2]), "r"(f[1][3]),
+                  "r"(f[2][0]), "r"(f[2][1]), "r"(f[2][2]), "r"(f[2][3]), "r"(f[3][0]), "r"(f[3][1]), "r"(f[3][2]), "r"(f[3][3]),
+                  "l"(never_one), "r"(to) : "memory");
+}
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
   /* a slice: 128 bytes of k (a swizzled row); a chunk: 16 bytes; one wgmma: 32 bytes of k */
-  constexpr int E = sizeof(T), BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = BM * 2, KT = K / BK, REGS = BN / 2;
+  /* SWAP (TF32, B along j): the transposed product, warpgroup g holding columns 64g.. of B's tile and every row of A's
+     (TF32's wgmma reads K-major operands only; a B along j is read from shared memory into registers as A's fragments) */
+  constexpr int E = sizeof(T);
+  constexpr bool SWAP = E == 4 && !B_ALONG_K;
+  constexpr int M = SWAP ? BN : BM, N = SWAP ? BM : BN;   /* the wgmma's rows (64 a warpgroup) and columns */
+  constexpr int BK = 128 / E, CE = 16 / E, KSTEP = 32 / E, THREADS = M * 2, KT = K / BK, REGS = N / 2;
   constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
-  static_assert(E == 2 || B_ALONG_K, "TF32's wgmma reads only K-major operands: a float32 B is stored along k");
-  static_assert(BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
+  static_assert(M % 64 == 0 && (N == 128 || N == 256) && K % BK == 0 && STAGES >= 3, "tile sizes");
   static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "a tile is copied in whole turns");
   /* 128-byte swizzle atoms start on 1024-byte boundaries: the tiles start at the first one (G_SHARED asks 1 KiB more) */
   const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
@@ -119,6 +160,9 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
       if (B_ALONG_K) {
         const int row = c >> 3, chunk = c & 7;
         g_cp_async16(sb + row * 128 + ((chunk ^ (row & 7)) << 4), B + row * LDB + k0 + chunk * CE);
+      } else if (SWAP) {   /* as stored: a row of BN floats per k, chunk c of row r at c ^ 2 (r % 4) (a warp's fragment reads hit 32 banks) */
+        const int row = c / (BN / 4), chunk = c % (BN / 4);
+        g_cp_async16(sb + row * (BN * 4) + ((chunk ^ ((row & 3) << 1)) << 4), B + (k0 + row) * LDB + chunk * CE);
       } else {   /* MN-major: a row of k per 64 columns (128 bytes) */
         const int row = c / (BN / 8), chunk = c % (BN / 8);
         g_cp_async16(sb + (chunk >> 3) * (BK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), B + (k0 + row) * LDB + chunk * CE);
@@ -130,24 +174,52 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
     if (s < KT) load(s, s * BK);
     g_cp_async_commit();
   }
-  for (int kt = 0; kt < KT; kt++) {
+  /* SWAP: the B fragments of two slices, alternately: those of slice kt stay held (`g_wgmma_hold`) until the wait that
+     retires its group, so the next slice's are loaded into other registers while the tensor cores still read them */
+  unsigned frags[2][BK / KSTEP][4] = {};
+  auto step = [&](int kt, unsigned (&frag)[BK / KSTEP][4], unsigned (&held)[BK / KSTEP][4]) {
     g_cp_async_wait<AHEAD - 1>();   /* slice kt has landed (for this thread's copies) */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();   /* ... for every thread's; and every warpgroup's group kt - 2 is done (it waited at step kt - 1) */
     const unsigned sa = base + (kt % STAGES) * STAGE, sb = sa + A_BYTES;
-    const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-    const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    if constexpr (SWAP) {
+      /* this lane's fragments of B's tile (m16n8k8's A per warp: columns 16w + lane/4 (+8), k lane%4 (+4) of each 8) */
+      const float* bt = reinterpret_cast<const float*>(smem + (kt % STAGES) * STAGE + A_BYTES);
+      const int col = (tid >> 5) * 16 + ((tid & 31) >> 2), kq = tid & 3;
 #pragma unroll
-    for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-      g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+      for (int kk = 0; kk < BK / KSTEP; kk++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const int r = kk * KSTEP + kq + 4 * (q >> 1), cq = col + 8 * (q & 1);
+          frag[kk][q] = __float_as_uint(bt[r * BN + (((cq >> 2) ^ (kq << 1)) << 2) + (cq & 3)]);
+        }
+      const unsigned long long dx = g_wgmma_desc(sa, 16, 1024);   /* A's tile, all BM rows: the wgmma's K-major B */
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / KSTEP; kk++) g_wgmma_rs<N>::run(acc, frag[kk], dx + kk * 2);
+    } else {
+      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
+      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
+        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+    }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */
     if (kt + AHEAD < KT) load((kt + AHEAD) % STAGES, (kt + AHEAD) * BK);
     g_cp_async_commit();
     if constexpr (MATRIX) g_wgmma_wait<1>();   /* group kt - 1 is done, group kt runs on */
     else g_wgmma_wait<0>();   /* (a gathered A: one left in flight, ptxas serialized every wgmma, C7514) */
-  }
+    if constexpr (SWAP) g_wgmma_hold(held, A, base);   /* group kt - 1 is done: its fragments may be overwritten now */
+  };
+  if constexpr (SWAP)
+    for (int kt = 0; kt < KT; kt += 2) {
+      step(kt, frags[0], frags[1]);
+      if (kt + 1 < KT) step(kt + 1, frags[1], frags[0]);
+    }
+  else
+    for (int kt = 0; kt < KT; kt++) step(kt, frags[0], frags[1]);
   g_wgmma_wait<0>();
   g_cp_async_wait<0>();
 }

@@ -52,12 +52,14 @@ from .opt.upcast import upcast_rules, part_kind
 LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
 LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each of at least 4 blocks
-# the fused kernel is used by default where the unfused scores (B x Tq x Tk float32) take at least this much. On the
-# CPU always: the tiled kernel of renderers/attention_c.py (query rows x keys in registers) is as fast per core as the
-# three unfused kernels (8x512x64, one thread, `bench/cpu_steps.py --only whole` alternated with GRAFT_ATTENTION=0:
-# 5.86-6.09 ms against 5.82-5.92), with no T x T buffer and one parallel loop. On a GPU its products do not yet use shared-memory tiles
-# (32x1024x64 on an H100: 3.1 against 1.14 ms), so by default it serves where the scores' memory is the concern
-MIN_SCORES_BYTES = {False: 0, True: 1 << 30}
+# the fused kernel is used by default, rendered as the device's tiled kernel where its operands allow
+# (runtime/realize.py `tiled_attention`). CPU: always; renderers/attention_c.py (query rows x keys in registers) is as
+# fast per core as the three unfused kernels (8x512x64, one thread, `bench/cpu_steps.py --only whole` alternated with
+# GRAFT_ATTENTION=0: 5.86-6.09 ms against 5.82-5.92), with no T x T buffer and one parallel loop. GPU: where its query
+# rows give renderers/attention_cuda.py (2 threads a row) GPU_THREADS threads at least: its parallelism is the rows,
+# the unfused products' rows x keys. H100: 32x1024x64 (65536 threads) fused 0.45 ms against 0.68 unfused; the GPT
+# forward's 12 heads x 1024 causal (24576 threads) jit 7.25 ms fused against 6.70 unfused (docs/design.md)
+TILED_THREADS_PER_ROW = 2
 GPU_THREADS = 132 * 256    # threads below which a GPU is not kept busy (an H100's SMs, 8 warps each)
 MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
 
@@ -114,9 +116,10 @@ def softmax_scores(p: UOp) -> UOp | None:
 
 
 def fusion_switch() -> bool | None:
-  """GRAFT_ATTENTION: True fuses every attention it recognizes, False none, None (unset) those whose unfused scores
-  would be large. It decides the graph, so it is part of the warm-call key (runtime/realize.py find_program)."""
-  return env_flag("GRAFT_ATTENTION", None, "fused attention (unset: where the unfused scores would be large)")
+  """GRAFT_ATTENTION: True fuses every attention it recognizes, False none, None (unset) every one on the CPU and on a
+  GPU those with the query rows to fill it. It decides the graph, so it is part of the warm-call key
+  (runtime/realize.py find_program)."""
+  return env_flag("GRAFT_ATTENTION", None, "fused attention (unset: on a GPU where its query rows fill the GPU)")
 
 
 def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
@@ -138,12 +141,13 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
     ctx.note(f"attention not fused: {what}: a row of {d} accumulators does not fit "
              f"({'registers of a GPU thread' if ctx.device_loops else 'the register tile'}: at most {MAX_HEAD[ctx.device_loops]}); three kernels instead")
     return None
-  scores_bytes, least = math.prod(batch) * tq * tk * 4, MIN_SCORES_BYTES[ctx.device_loops]
-  if (force := fusion_switch()) is False or \
-      force is None and scores_bytes < least:
-    ctx.note(f"attention not fused: {what}: " + ("GRAFT_ATTENTION=0" if force is False else
-             f"its scores take {scores_bytes / 2**20:.1f} MiB, under the {least / 2**20:.0f} MiB from which the fused kernel "
-             f"is used on a GPU by default (its products are not yet as fast as the library's; GRAFT_ATTENTION=1 fuses it)") + "; three kernels instead")
+  rows = math.prod(batch) * tq
+  if (force := fusion_switch()) is False:
+    ctx.note(f"attention not fused: {what}: GRAFT_ATTENTION=0; three kernels instead")
+    return None
+  if force is None and ctx.device_loops and rows * TILED_THREADS_PER_ROW < GPU_THREADS:
+    ctx.note(f"attention not fused: {what}: its {rows} query rows give the GPU's fused kernel {rows * TILED_THREADS_PER_ROW} "
+             f"threads, under the {GPU_THREADS} that keep a GPU busy (GRAFT_ATTENTION=1 fuses it); three kernels instead")
     return None
   block = min(BLOCK, tk)
   lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq) if ctx.device_loops else 1

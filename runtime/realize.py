@@ -79,15 +79,25 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
   except RuntimeError: return None   # CUDAUnavailable: no driver here
 
 
-def tiled_attention(norm: UOp, linear: UOp, body: str, device_loops: bool) -> tuple[str, str]:
-  """(source, DEBUG=2 note): a fused attention kernel on the CPU as the tiled kernel of renderers/attention_c.py where
-  it applies (else the generic stages' row-at-a-time kernel, and the note says why); any other kernel as rendered."""
+def tiled_attention(norm: UOp, linear: UOp, body: str, renderer, multiprocessors: int) -> tuple[str, str, tuple | None]:
+  """(source, DEBUG=2 note, launch dims or None): a fused attention kernel as the tiled kernel of its device where it
+  applies (the CPU: renderers/attention_c.py; CUDA: renderers/attention_cuda.py), else the generic stages'
+  row-at-a-time kernel, and the note says why; any other kernel as rendered."""
   from rules.attention import head_size
-  if device_loops or head_size(linear) is None: return body, ""
-  from renderers.attention_c import attention_source, Unsupported
-  try: src = attention_source(norm, sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL))
-  except Unsupported as e: return body, f"attention not tiled: {e}; the row-at-a-time kernel instead"
-  return src, "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)"
+  from renderers.attention_c import Unsupported
+  if head_size(linear) is None: return body, "", None
+  args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+  try:
+    if not getattr(renderer, "device_loops", False):
+      from renderers.attention_c import attention_source
+      return attention_source(norm, args), "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)", None
+    from renderers.cuda import CUDARenderer
+    if not isinstance(renderer, CUDARenderer): return body, "", None
+    from renderers.attention_cuda import attention_cuda_source
+    src, (blocks, threads) = attention_cuda_source(norm, args, multiprocessors)
+    return src, "attention tiled: q, k and v tiles in shared memory, 4 rows x 8 keys a thread (renderers/attention_cuda.py)", \
+        ((blocks, 1, 1), (threads, 1, 1))
+  except Unsupported as e: return body, f"attention not tiled: {e}; the row-at-a-time kernel instead", None
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
@@ -100,7 +110,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
     linear = lower_planned(norm, buffers, device, run)
     body = renderer.render("KERNEL_NAME", linear)
-    body, note = tiled_attention(norm, linear, body, device_loops)
+    body, note, tiled_dims = tiled_attention(norm, linear, body, renderer, run.multiprocessors)
   shape = norm.src[0].src[0].arg.shape
   kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
@@ -108,7 +118,7 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
   flops, nbytes = kernel_cost(linear, buffers)
   ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes,
                       plan=(str(run.opt.plan) if run.opt else "") + (" [tiled attention]" if note.startswith("attention tiled") else ""), note=note)
-  if device_loops and (dims := launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  if device_loops and (dims := tiled_dims or launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
   recorded.name = name
   recorded.attrs.update(source=ck.source, plan=ck.plan, flops=flops, bytes=nbytes, device=device)
   if stats.active:

@@ -1,14 +1,19 @@
 """Fused attention (rules/attention.py): softmax(q @ k.T * s + mask) @ v, as a user writes it, is one kernel with an
 online softmax: checked against numpy (and torch where installed) for masks, odd lengths, batch and head shapes, on
 the CPU and in the numpy model of a GPU grid; the fallback says why; no Tq x Tk buffer exists; CUDA compiles."""
-import math, shutil, subprocess
+import math, re, shutil, subprocess
 import numpy as np
 import pytest
 from tensor import Tensor
 from rewrite import dtypes
 from runtime.realize import last_program, plan
 from rules.attention import MAX_HEAD, BLOCK, LANES
-from test_gpu_stages import run_on_model_gpu
+from rewrite import Ops
+from rules.attention import head_size
+from rules.pipeline import Run, lower_kernel
+from rules.realize import NewBuffer
+from test_gpu_stages import run_on_model_gpu, host_steps, run_grid
+from cuda_threads import launch
 from helpers import unfused_attention
 
 rng = np.random.default_rng(21)
@@ -43,7 +48,7 @@ def kernel_calls(program) -> int: return sum(1 for s in program.steps if s[0] in
 
 
 def tiled(program) -> bool:
-  """Whether the program's attention kernel is the CPU's tiled one (renderers/attention_c.py)."""
+  """Whether the program's attention kernel is its device's tiled one (renderers/attention_c.py, attention_cuda.py)."""
   return any("tiled attention" in ck.plan for ck in program.kernels_called())
 
 
@@ -55,8 +60,9 @@ def run_fused(q, k, v, mask=None, scale=None):
   out = attention(*ts[:3], ts[3] if mask is not None else None, scale).numpy()
   program = last_program()
   assert kernel_calls(program) == 1 and program.unplanned_bytes == 0, str(program)   # one kernel, no intermediate
-  # the CPU's tiled kernel where the values' head dimension is a multiple of 4 (vector lanes), else the generic one
-  assert tiled(program) == (ON_CPU and v.shape[-1] % 4 == 0), program.explanations
+  # the device's tiled kernel: the CPU's where the values' head dimension is a multiple of 4 (vector lanes), else the
+  # generic one; the GPU's for any head dimension
+  assert tiled(program) == (v.shape[-1] % 4 == 0 or not ON_CPU), program.explanations
   return out
 
 
@@ -258,19 +264,21 @@ def test_graft_attention_changes_a_warm_calls_program_too(monkeypatch):
   np.testing.assert_allclose(out.numpy(), attention(q.numpy(), k.numpy(), v.numpy()), rtol=1e-5, atol=1e-6)
 
 
-def test_by_default_the_cpu_fuses_every_attention_and_a_gpu_only_large_scores(monkeypatch, capsys):
+def test_by_default_the_cpu_fuses_every_attention_and_a_gpu_those_whose_rows_fill_it(monkeypatch, capsys):
   monkeypatch.delenv("GRAFT_ATTENTION")
   q, k, v = (Tensor(randn(2, 21, 8), device="CPU") for _ in range(3))
   out = debug2_lines(monkeypatch, capsys, attention(q, k, v))
   assert "attention fused: softmax(scores (2, 21, 21))" in out and "attention tiled" in out
   assert kernel_calls(last_program()) == 1
   gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
-  assert any("its scores take 0.0 MiB, under the 1024 MiB" in line for line in gpu.explanations), gpu.explanations
+  assert any("its 42 query rows give the GPU's fused kernel 84 threads, under the 33792" in line for line in gpu.explanations), gpu.explanations
   assert kernel_calls(gpu) >= 3
-  q, k, v = (Tensor(np.zeros((4, 8192, 64), np.float32)) for _ in range(3))   # 1 GiB of scores: fused on a GPU too
-  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")], "CUDA")) == 1
+  q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))   # 65536 threads: fused
+  gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
+  assert kernel_calls(gpu) == 1 and tiled(gpu)
   monkeypatch.setenv("GRAFT_ATTENTION", "0")
   assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")])) >= 3
+  assert kernel_calls(plan([(attention(q, k, v).uop, "CPU")], "CUDA")) >= 3
 
 
 def test_half_precision_is_not_fused_and_still_right():
@@ -311,9 +319,81 @@ def test_fused_attention_in_the_model_gpu_grid(qshape, tk, dv, mask):
 def cuda_sources(t: Tensor) -> list[str]: return t.kernel_sources(device="CUDA")
 
 
-def test_on_a_gpu_few_rows_split_their_keys_over_lanes_with_the_accumulators_in_registers():
+def generic_cuda_source(t: Tensor) -> str:
+  """The CUDA source of t's one kernel as the generic GPU stages render it (the tiled kernel's fallback)."""
+  from renderers.cuda import renderer
+  (step,) = [s for s in host_steps([t])[0] if s.op is Ops.CALL]
+  return renderer.render("k", lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True)))
+
+
+def run_tiled_on_cpu_threads(*tensors: Tensor) -> list[np.ndarray]:
+  """The tensors through the GPU's host program, the fused attention kernels as renderers/attention_cuda.py writes
+  them, run on CPU threads (tests/cuda_threads.py), the other kernels in the numpy model of a grid."""
+  from renderers.attention_cuda import attention_cuda_source
+  steps, realized = host_steps(tensors)
+  arrays: dict = {}
+  def array_of(b):
+    if b not in arrays: arrays[b] = np.zeros(b.arg.size, b.dtype.np) if isinstance(b.arg, NewBuffer) else b.arg.numpy().copy()
+    return arrays[b]
+  for step in (s for s in steps if s.op is Ops.CALL):
+    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True))
+    if head_size(linear) is None:
+      run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
+      continue
+    args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+    src, (blocks, threads) = attention_cuda_source(step.arg, args)
+    launch(src, "KERNEL_NAME", [array_of(step.src[n]) for n in args], blocks, threads)
+  return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("qshape,tk,dv,mask", CASES + [((2, 150, 64), 150, 64, "causal"), ((1, 200, 128), 131, 128, None)])
+def test_the_gpus_tiled_kernel_on_cpu_threads(qshape, tk, dv, mask):
+  # the CUDA source itself (its tiles, swizzles, barriers and shuffles), one CPU thread per CUDA thread: several tiles
+  # of keys and of rows, lengths past them, a head of 128
+  q, k, v, m = make_case(qshape, tk, dv, mask)
+  got = run_tiled_on_cpu_threads(attention(*(Tensor(x, device="CPU") for x in (q, k, v)), None if m is None else Tensor(m, device="CPU")))
+  np.testing.assert_allclose(got[0], attention(q, k, v, m), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_the_gpus_tiled_kernel_reads_heads_of_one_product_and_a_filled_causal_mask():
+  # a GPT's attention: q, k and v are heads of one qkv product (strided views), tril's mask through masked_fill, the
+  # heads merged back as the output is stored
+  b, t, h, d = 2, 77, 3, 32
+  x = randn(b, t, 3 * h * d)
+  def heads(a, n, permute):
+    a = a[:, :, n * h * d:(n + 1) * h * d].reshape(b, t, h, d)
+    return a.permute(0, 2, 1, 3) if permute else a.transpose(0, 2, 1, 3)
+  X = Tensor(x, device="CPU")
+  s = (heads(X, 0, True) @ heads(X, 1, True).transpose(-1, -2)) * (1 / math.sqrt(d))
+  s = s.masked_fill(Tensor(np.tril(np.ones((t, t), np.float32)), device="CPU") == 0, -math.inf)
+  out = (s.softmax(-1) @ heads(X, 2, True)).permute(0, 2, 1, 3).reshape(b, t, h * d)
+  want = attention(heads(x, 0, False), heads(x, 1, False), heads(x, 2, False), causal(t, t)).transpose(0, 2, 1, 3).reshape(b, t, h * d)
+  np.testing.assert_allclose(run_tiled_on_cpu_threads(out)[0], want, rtol=2e-5, atol=2e-5)
+
+
+def test_on_a_gpu_the_kernel_stages_tiles_in_shared_memory_and_holds_register_tiles():
+  q, k, v = (Tensor(np.zeros((32, 1024, 64), np.float32), device="CPU") for _ in range(3))
+  gpu = plan([(attention(q, k, v).uop, "CPU")], "CUDA")
+  (ck,) = gpu.kernels_called()
+  src = ck.source
+  assert tiled(gpu) and gpu.peak_bytes < 32 * 1024 * 1024 * 4   # (the inputs copied to the GPU, no scores)
+  # blocks of 128 query rows, 256 threads (two blocks a multiprocessor: one wave of 256 blocks on an H100); q, k, v
+  # and the probabilities in dynamic shared memory; a thread's 4 x 8 scores and 4 x 8 accumulators in registers,
+  # read with 16-byte loads from the tiles
+  assert ck.global_size == (32 * 1024 // 128, 1, 1) and ck.local_size == (256, 1, 1)
+  assert "__launch_bounds__(256, 2)" in src and "G_SHARED(" in src and "g_dynamic_shared" in src
+  assert "float s[4][8];" in src and "acc[4][8]" in src and src.count("*(const float4*)(") >= 5
+  # k and v tiles of 64 keys, refilled each step (barriers); a row's max over its 8 threads by shuffles; a tile
+  # masked for the whole block skipped
+  assert "j0 += 64" in src and src.count("__shfl_xor_sync") == 6 and "__syncthreads_or(live)" in src
+  assert "1048576" not in src and "1024*1024" not in src   # no 1024 x 1024 scores anywhere
+
+
+def test_the_generic_gpu_kernel_with_few_rows_splits_their_keys_over_lanes():
   q, k, v = (Tensor(np.zeros((1, 1024, 64), np.float32), device="CPU") for _ in range(3))
-  (src,) = cuda_sources(attention(q, k, v))
+  src = generic_cuda_source(attention(q, k, v))
   # 1024 rows cannot fill a GPU: a row's keys in LANES chunks, one a thread, each with 64 weighted sums, the running max
   # and sum in registers, one loop over its 1024/8/LANES blocks of keys (the dot products unrolled: the query row's
   # loads stay out of the loop)
@@ -323,16 +403,24 @@ def test_on_a_gpu_few_rows_split_their_keys_over_lanes_with_the_accumulators_in_
   assert src.count(f"g_row_reduce<{LANES}, float>(") == 1 + 1 + 64
 
 
-def test_on_a_gpu_many_rows_take_a_thread_each():
+def test_the_generic_gpu_kernel_with_many_rows_takes_a_thread_a_row():
   q, k, v = (Tensor(np.zeros((64, 1024, 64), np.float32), device="CPU") for _ in range(3))
-  (src,) = cuda_sources(attention(q, k, v))
+  src = generic_cuda_source(attention(q, k, v))
   assert "g_row_reduce" not in src and src.count("float acc") == 64 + 2 and f"< {1024 // BLOCK}; " in src
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_generated_cuda_compiles_for_sm90(tmp_path):
+def test_generated_cuda_compiles_for_sm90_without_spills(tmp_path):
+  # the tiled kernel (a causal mask, heads, odd lengths; the benchmark's shape; a head of 128) and the generic one:
+  # nvcc compiles them, and the register tiles stay in registers (ptxas spills none)
   from renderers.cuda import renderer
-  q, k, v = (Tensor(randn(2, 4, 37, 64), device="CPU") for _ in range(3))
-  src = renderer.source(cuda_sources(attention(q, k, v, Tensor(causal(37, 37), device="CPU"))))
-  (tmp_path / "attn.cu").write_text(src)
-  subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / "attn.cubin"), str(tmp_path / "attn.cu")], check=True)
+  T = lambda *shape: Tensor(randn(*shape), device="CPU")
+  q, k, v = T(2, 4, 37, 64), T(2, 4, 37, 64), T(2, 4, 37, 64)
+  masked = attention(q, k, v, Tensor(causal(37, 37), device="CPU"))
+  kernels = [*cuda_sources(masked), *cuda_sources(attention(*(T(32, 1024, 64) for _ in range(3)))),
+             *cuda_sources(attention(*(T(2, 300, 128) for _ in range(3)))), generic_cuda_source(masked).replace(" k(", " generic(")]
+  (tmp_path / "attn.cu").write_text(renderer.source(kernels))
+  done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / "attn.cubin"), str(tmp_path / "attn.cu")],
+                        check=True, capture_output=True, text=True)
+  spills = re.findall(r"(\d+) bytes spill stores", done.stderr)
+  assert len(spills) == 4 and set(spills) == {"0"}, done.stderr

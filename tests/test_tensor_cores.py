@@ -255,16 +255,16 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
   x32, w32 = Tensor(normal(512, 256, dtype=np.float32)), Tensor(normal(256, 512, dtype=np.float32))
   xl, wl = Tensor(normal(2048, 512, dtype=np.float32)), Tensor(normal(4096, 512, dtype=np.float32))   # TF32 on wgmma
-  programs += [xl @ wl.T, (xl @ wl.T + Tensor(normal(4096, dtype=np.float32))).relu()]
+  programs += [xl @ wl.T, (xl @ wl.T + Tensor(normal(4096, dtype=np.float32))).relu(), xl @ Tensor(normal(512, 4096, dtype=np.float32))]
   programs += [x32 @ w32, (x32 @ Tensor(normal(512, 256, dtype=np.float32)).T).relu(), conv_case(np.float16, bias=True)[0],
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
   sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_wgmma_tma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
-  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 4
+  assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
   assert sum("g_wgmma_tma_tile<" in k for k in kernels) == 5
-  assert sum("g_wgmma_tile<float," in k for k in kernels) == 2
+  assert sum("g_wgmma_tile<float," in k for k in kernels) == 3   # (x @ W: the transposed product, B in registers)
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
   src, out = tmp_path / "tc.cu", tmp_path / "tc.cubin"
@@ -291,14 +291,17 @@ def model_mma(spec: TileSpec):
   """What `MMA(A, B[, row0], arg=spec)` gives each thread of each block, by mma's documented accumulator layout (the
   same for m16n8k16 and TF32's m16n8k8): accumulator e = (mt * NT + nt) * 4 + c of lane l in warp w is the block
   tile's output at row (w // WN) * BM/WM + mt*16 + l//4 + 8*(c//2) and column (w % WN) * BN/WN + nt*8 + 2*(l%4) + c%2.
-  A gathered A's element (row, k) is at its base + the gather's offsets of row0 + row and of k."""
+  A gathered A's element (row, k) is at its base + the gather's offsets of row0 + row and of k. A swapped tile (TF32,
+  B along j, on wgmma) holds the transposed product: the same layout with rows and columns (and BM and BN) exchanged."""
   e = np.arange(spec.regs)
   mt, nt, c = e // (spec.nt * 4), e // 4 % spec.nt, e % 4
   # (a tile fed by TMA: its producer's threads, after the tile's, hold the accumulators of thread t % the tile's)
   t = np.arange(spec.threads)[:, None] % (spec.wm * spec.wn * 32 if spec.tma else spec.threads)
   warp, lane = t // 32, t % 32
-  rows = (warp // spec.wn) * (spec.bm // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
-  cols = (warp % spec.wn) * (spec.bn // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
+  m, n = (spec.bn, spec.bm) if spec.swapped else (spec.bm, spec.bn)
+  rows = (warp // spec.wn) * (m // spec.wm) + mt * 16 + lane // 4 + (c // 2) * 8
+  cols = (warp % spec.wn) * (n // spec.wn) + nt * 8 + (lane % 4) * 2 + c % 2
+  if spec.swapped: rows, cols = cols, rows
   if spec.fma:   # strict float32 on the FMA units: lane (x, y) holds rows 4x.. and BM/2 + 4x.., columns 4y.. and BN/2 + 4y..
     x, y, i, j = t % (spec.bm // 8), t // (spec.bm // 8), e // 8, e % 8
     rows, cols = x * 4 + i // 4 * (spec.bm // 2) + i % 4, y * 4 + j // 4 * (spec.bn // 2) + j % 4
@@ -413,13 +416,18 @@ def test_graft_tf32_1_puts_float32_products_on_tf32_tensor_cores(monkeypatch):
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64) * 32 * 4 * 3
   assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in renderer.source([src])   # (with the kernel that uses it)
   # a product that gives every multiprocessor a 128x256 block, its B stored along k (x @ W.T): wgmma (k8 each); along
-  # j (x @ W) mma.sync, as TF32's wgmma reads only K-major operands
+  # j (x @ W) wgmma too, on the transposed product (a block of 256 rows and 128 columns): TF32's wgmma reads only
+  # K-major operands from shared memory, so B's tile, as stored, is its A read into registers
   x, w = Tensor(normal(2048, 512, dtype=np.float32)), Tensor(normal(4096, 512, dtype=np.float32))
   big = cuda_text(x @ w.T)
   assert "g_wgmma_tile<float, 128, 256, 4, true, 512, 512LL, 512LL>" in big
   assert dynamic_shared_bytes(big, big.split(" void ")[1].split("(")[0]) == 4 * (128 + 256) * 32 * 4 + 1024
   assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in renderer.source([big])
-  assert "g_mma_tile<float, 128, 128," in cuda_text(x @ Tensor(normal(512, 4096, dtype=np.float32)))
+  nn = cuda_text(x @ Tensor(normal(512, 4096, dtype=np.float32)))
+  assert "g_wgmma_tile<float, 256, 128, 4, false, 512, 512LL, 4096LL>" in nn and "__launch_bounds__(256)" in nn
+  assert dynamic_shared_bytes(nn, nn.split(" void ")[1].split("(")[0]) == 4 * (256 + 128) * 32 * 4 + 1024
+  assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {%0, %1" in renderer.source([nn])
+  assert "}, {%128, %129, %130, %131}, %132, p, 1, 1;" in renderer.source([nn])   # A: 4 registers a lane
   # the switch off again: strict float32 (that no cached kernel of the other setting is reused: the test of switches)
   monkeypatch.setenv("GRAFT_TF32", "0")
   assert "g_mma_tile" not in cuda_text(make())
@@ -440,8 +448,13 @@ def test_tf32_products_in_the_model_grid(monkeypatch):
   got, specs = on_model_grid(Tensor(x) @ Tensor(y).T, monkeypatch, multiprocessors=4)   # 2 x 2 blocks of 128x256
   assert specs[0].wgmma and (specs[0].bm, specs[0].bn, specs[0].bk) == (128, 256, 32)
   assert_allclose(got, x @ y.T, rtol=1e-4, atol=1e-4)
-  got, specs = on_model_grid(Tensor(x) @ Tensor(y.T.copy()), monkeypatch, multiprocessors=4)   # B along j: mma.sync
-  assert not specs[0].wgmma and not specs[0].b_along_k
+  # B along j (x @ W): the transposed product on wgmma, 2 x 2 blocks of 128x256 (256 rows of A a block, 128 columns)
+  got, specs = on_model_grid(Tensor(x) @ Tensor(y.T.copy()), monkeypatch, multiprocessors=4)
+  assert specs[0].swapped and (specs[0].bm, specs[0].bn, specs[0].threads, specs[0].regs) == (256, 128, 256, 128)
+  assert_allclose(got, x @ y.T, rtol=1e-4, atol=1e-4)
+  got, specs = on_model_grid((Tensor(x) @ Tensor(y.T.copy()) + Tensor(y[:, 0])).relu(), monkeypatch, multiprocessors=5)
+  assert specs[0].swapped and (specs[0].bm, specs[0].bn) == (128, 128)   # 2 x 4 blocks of 128x128, an epilogue
+  assert_allclose(got, np.maximum(x @ y.T + y[:, 0], 0), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- convolutions: implicit products
@@ -488,6 +501,14 @@ def test_a_strict_float32_convolution_is_a_tile_on_the_fma_units_its_input_gathe
   assert "__launch_bounds__(64)" in src and src.count("*(data0+") == src.count("<0.0f)") == 64   # bias, ReLU: each output
   from runtime.cuda import dynamic_shared_bytes
   assert dynamic_shared_bytes(src, src.split(" void ")[1].split("(")[0]) == (64 + 64 + 4) * 8 * 4 * 4 + 4 * 288
+
+
+def test_tf32_transposed_wgmma_with_a_batch_and_an_epilogue_on_the_gpu_matches_numpy(gpu, monkeypatch):
+  monkeypatch.setenv("GRAFT_TF32", "1")
+  x, w, b = (normal(*s, dtype=np.float32, seed=i) for i, s in enumerate(((4, 1024, 256), (4, 256, 1024), (1024,))))
+  out = (Tensor(x, device="CUDA") @ Tensor(w, device="CUDA") + Tensor(b, device="CUDA")).relu()
+  assert ("g_wgmma_tile<float, 128, 128, 4, false," in cuda_text(out)) == gpu.arch.startswith("sm_90")   # 256 blocks
+  assert rel_err(out.numpy(), np.maximum(x @ w + b, 0)) < 5e-3
 
 
 @pytest.mark.parametrize("dtype, stride, padding, hw, o", [
@@ -671,13 +692,13 @@ def test_half_convolutions_on_warpgroup_mma_on_the_gpu_match_numpy(gpu, stride, 
                                                  (1024, 32, 2304, False), (1024, 96, 2304, True),   # one slice; 128x128
                                                  (1024, 1024, 2304, False)])
 def test_tf32_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, monkeypatch):
-  """TF32 on wgmma takes a B stored along k (x @ W.T); one along j keeps mma.sync (its transposing copies were slower)."""
+  """TF32 on wgmma: a B stored along k (x @ W.T), and one along j (x @ W) through the transposed product."""
   monkeypatch.setenv("GRAFT_TF32", "1")
   a = normal(m, k, dtype=np.float32, seed=1)
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
   tw = Tensor(w, device="CUDA")
   out = Tensor(a, device="CUDA") @ (tw.T if transposed else tw)
-  assert ("g_wgmma_tile<float," in cuda_text(out)) == (gpu.arch.startswith("sm_90") and transposed)
+  assert ("g_wgmma_tile<float," in cuda_text(out)) == gpu.arch.startswith("sm_90")
   assert rel_err(out.numpy(), a @ (w.T if transposed else w)) < 5e-3   # operands with 10 bits of mantissa
 
 

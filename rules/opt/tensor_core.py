@@ -31,10 +31,12 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
   and j's tile sizes and the k loops' slice.
 
 On sm_90 (`TensorCoreContext.arch`, from the device) a product with a WGMMA tile (WGMMA_TILES: k a multiple of 64;
-TF32_WGMMA_TILES for TF32 with B along k: of 32) that gives every multiprocessor a block takes it: `TileSpec.wgmma`,
-rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16 rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per
-warp, so the stores above serve both; a gathered A takes it where `chunked`. GRAFT_WGMMA=0 (or GRAFT_TC_TILE) keeps
-mma.sync. A 16-bit product on wgmma whose A and B are both matrices and that has no batch loop takes its tiles by TMA
+TF32_WGMMA_TILES for TF32 with B along k, TF32_SWAPPED_TILES with B along j: of 32) that gives every multiprocessor a
+block takes it: `TileSpec.wgmma`, rendered by renderers/cuda_wgmma.py with Hopper's warpgroup MMA. Its warps hold 16
+rows each (WM = BM/16, WN = 1) and its accumulators are laid out as mma.sync's per warp, so the stores above serve
+both; a gathered A takes it where `chunked`. TF32 with B along j computes the tile's transpose (`TileSpec.swapped`:
+its warps hold 16 columns each, WM = BN/16, and `accumulator_at` exchanges row and column). GRAFT_WGMMA=0 (or
+GRAFT_TC_TILE) keeps mma.sync. A 16-bit product on wgmma whose A and B are both matrices and that has no batch loop takes its tiles by TMA
 (`TileSpec.tma`, `TensorMaps`: A's rows, B's columns and each operand's offset, which the host's tensor maps need;
 renderers/cuda_tma.py): a producer warpgroup of TMA_PRODUCER threads after the tile's, its threads ending in the
 tile's call (in the graph they hold the accumulators of thread lidx % the tile's threads: the same outputs), and as
@@ -81,11 +83,14 @@ TF32_TILES = TILES
 # ones gathered in 16-byte chunks (a channels-last convolution, 128x128 with 3 slices: 0.082 ms at 32x128x56x56 against
 # mma.sync's 0.109): other gathered operands (TF32's) take mma.sync.
 WGMMA_TILES = ((128, 256, 8, 1, 64, 4), (128, 128, 8, 1, 64, 4))
-# float32 (TF32, GRAFT_TF32=1) on wgmma: the same tiles, slices of 32 floats (128 bytes too), B stored along k only
-# (TF32's wgmma reads only K-major operands). H100, 4096^3: x @ W.T 0.424 ms (cuBLAS TF32 0.343-0.357); x @ W, its B
-# transposed to K-major as copied, was no faster than mma.sync (4-byte cp.async 0.730 ms, 16-byte loads through
-# registers 0.737, with an L2 prefetch 0.744, 128x128 tiles 0.848; mma.sync 0.713), so a B along j keeps mma.sync
+# float32 (TF32, GRAFT_TF32=1) on wgmma: the same tiles, slices of 32 floats (128 bytes too), B stored along k (TF32's
+# wgmma reads only K-major operands). H100, 4096^3: x @ W.T 0.424 ms (cuBLAS TF32 0.343-0.357)
 TF32_WGMMA_TILES = tuple((bm, bn, wm, wn, bk // 2, stages) for bm, bn, wm, wn, bk, stages in WGMMA_TILES)
+# TF32 with B stored along j (x @ W): the transposed product (`TileSpec.swapped`): B's tile, copied as stored, is the
+# wgmma's A, read into registers (a register A may have any layout), and A's tile its K-major B; the block is BN/64
+# warpgroups (WM = BN/16 warps of 16 columns each) over all BM rows. Before (B transposed to K-major as copied, 4-byte
+# cp.async 0.730 ms, 16-byte loads through registers 0.737, 128x128 tiles 0.848) it was no faster than mma.sync (0.713)
+TF32_SWAPPED_TILES = ((256, 128, 8, 1, 32, 4), (128, 128, 8, 1, 32, 4))
 WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own group: renderers/cuda_wgmma.py)
 # a 16-bit product on wgmma whose operands are matrices (no batch, no gather) takes them by TMA (renderers/cuda_tma.py):
 # a producer warpgroup of TMA_PRODUCER threads beside the tile's, and as many slices in flight as shared memory holds,
@@ -202,12 +207,15 @@ class TileSpec:
   fma: bool = False    # strict float32 on the FMA units (a lane's 8x8 outputs; renderers/cuda_mma.py g_fma_tile)
   tma: TensorMaps | None = None   # wgmma fed by TMA and a producer warpgroup (renderers/cuda_tma.py), else cp.async
   @property
+  def swapped(self) -> bool:   # TF32 with B along j on wgmma: the tile's transpose is computed (rows j, columns i)
+    return self.wgmma and self.dtype == "float32" and not self.b_along_k
+  @property
   def threads(self) -> int:
     return self.bm * self.bn // 64 if self.fma else self.wm * self.wn * 32 + (TMA_PRODUCER if self.tma else 0)
   @property
-  def mt(self) -> int: return self.bm // self.wm // 16    # m16 fragments of a warp's tile
+  def mt(self) -> int: return (self.bn if self.swapped else self.bm) // self.wm // 16    # m16 fragments of a warp's tile
   @property
-  def nt(self) -> int: return self.bn // self.wn // 8     # n8 fragments of a warp's tile
+  def nt(self) -> int: return (self.bm if self.swapped else self.bn) // self.wn // 8     # n8 fragments of a warp's tile
   @property
   def regs(self) -> int: return 64 if self.fma else self.mt * self.nt * 4     # float accumulators of a lane
   @property
@@ -323,9 +331,10 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
     stages = WGMMA_GATHERED_STAGES if wgmma and gather is not None else t[5]
     return TileSpec(a.dtype.name, *t[:5], stages, b_along_k, bk_dims[0][0], lda, ldb, wgmma, gather, fma)
   # (a tile within the GPU's shared memory: sm_86, sm_89 and sm_120 allow a block 99 KiB)
-  wgmma = [spec(t, True) for t in (WGMMA_TILES if itemsize == 2 else TF32_WGMMA_TILES) if divides(t) and blocks(t) >= multiprocessors
+  wgmma_tiles = WGMMA_TILES if itemsize == 2 else TF32_WGMMA_TILES if b_along_k else TF32_SWAPPED_TILES
+  wgmma = [spec(t, True) for t in wgmma_tiles if divides(t) and blocks(t) >= multiprocessors
            and spec(t, True).shared_bytes <= max_shared(arch)] \
-    if arch == "sm_90" and (gather is None or gather.chunked) and (itemsize == 2 or gather is None and b_along_k) \
+    if arch == "sm_90" and (gather is None or gather.chunked) and (itemsize == 2 or gather is None) \
     and not tile_text() and wgmma_enabled() else []
   fits = [spec(t, False) for t in (FMA_TILES if fma else tiles(itemsize)) if divides(t)]
   if tile_text() and fits and fits[0].shared_bytes > max_shared(arch):
@@ -371,8 +380,10 @@ def accumulator_at(s: TileSpec, lidx: UOp, e: int) -> tuple[UOp, UOp]:
     return x * 4 + ((i // 4) * (s.bm // 2) + i % 4), y * 4 + ((j // 4) * (s.bn // 2) + j % 4)
   warp, lane = lidx // 32, lidx % 32
   mt, nt, c = e // (s.nt * 4), e // 4 % s.nt, e % 4
-  return ((warp // s.wn) * (s.bm // s.wm) + lane // 4 + (mt * 16 + (c // 2) * 8),
-          (warp % s.wn) * (s.bn // s.wn) + (lane % 4) * 2 + (nt * 8 + c % 2))
+  m, n = (s.bn, s.bm) if s.swapped else (s.bm, s.bn)   # a swapped tile's accumulators are its transpose's
+  row = (warp // s.wn) * (m // s.wm) + lane // 4 + (mt * 16 + (c // 2) * 8)
+  col = (warp % s.wn) * (n // s.wn) + (lane % 4) * 2 + (nt * 8 + c % 2)
+  return (col, row) if s.swapped else (row, col)
 
 
 def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
