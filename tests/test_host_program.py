@@ -32,8 +32,8 @@ def test_consecutive_cpu_kernels_run_in_one_parallel_region():
   # a 3-layer mlp: its threads wake once per call, not once per kernel (renderers/c.py, runtime/cpu.py run_team); the
   # intermediates' allocs move before the team and their frees after it
   x, ws = arr(64, 128), [arr(128, 128) / 12 for _ in range(3)]
-  out = Tensor(x)
-  for w in ws: out = (out @ Tensor(w)).relu()
+  out = Tensor(x, device="CPU")   # (OpenMP threads: the CPU's, whatever device DEVICE names)
+  for w in ws: out = (out @ Tensor(w, device="CPU")).relu()
   ref = x
   for w in ws: ref = np.maximum(ref @ w, 0)
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -250,7 +250,7 @@ def test_values_equal_once_they_read_stores_share_one_store():
   # x is stored, and so is a sum of x computed inline; a second sum reads x's buffer. Once the first reads x's buffer
   # too, the two sums are one value: the stage's second pass reads it from its store (stored_reads, to a fixed point)
   from rules.pipeline import Pipeline, pipeline
-  a = Tensor(rng.standard_normal((8, 16)).astype(np.float32))
+  a = Tensor(rng.standard_normal((8, 16)).astype(np.float32), device="CPU")
   v = a.exp()
   stored, inline = v.sum(1).contiguous(), v.contiguous().sum(1)
   passes = []
