@@ -152,7 +152,10 @@ class NNMixin:
 
   @recorded
   def layernorm(self, axis=-1, eps: float = 1e-5):
-    """(x - mean) / sqrt(var + eps) over axis (the biased variance, as layer norm uses); no affine part."""
+    """(x - mean) / sqrt(var + eps) over axis (the biased variance, as layer norm uses); no affine part. A 16-bit
+    input is normalized in float32, as torch does, and the result rounded back: in half precision x - mean of two
+    close values keeps a few bits of their difference ([0.5303, 0.5337] gave [-0.542, 0.4065], not +-0.4754)."""
+    if self.dtype.is_float and self.dtype.itemsize == 2: return self.float().layernorm(axis, eps).cast(self.dtype)
     centered = self - self.mean(axis, keepdim=True)
     return centered * ((centered * centered).mean(axis, keepdim=True) + eps).rsqrt()
 

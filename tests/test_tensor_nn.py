@@ -73,6 +73,18 @@ def test_softmax_log_softmax_layernorm():
   ])
 
 
+def test_a_half_precision_layernorm_is_computed_in_float32():
+  # two close values: their difference keeps a few bits in float16, so the normalized pair came out [-0.542, 0.4065]
+  # where float32 (torch's way) gives +-0.4754 (found by bench/fuzz.py --patterns, seed 1300147)
+  x = Tensor(np.array([[0.5303, 0.5337], [1.0, -3.0]], np.float16))
+  for t in (x, x.cast(dtypes.bfloat16)):
+    x32 = t.float().numpy()   # the input as the 16-bit type holds it
+    got = t.layernorm()
+    assert got.dtype == t.dtype
+    want = (x32 - x32.mean(-1, keepdims=True)) / np.sqrt(x32.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got.float().numpy(), want, rtol=1e-2, atol=1e-2)
+
+
 def _conv2d(x, w, stride=(1, 1), padding=(0, 0)):
   """The definition, in float64 loops over the kernel offsets."""
   x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (padding[0],) * 2, (padding[1],) * 2))
