@@ -277,37 +277,50 @@ class CPUDevice(Device):
 
 # The parallel region of `CPUDevice.run_team`: each thread runs its share of each kernel (NAME_team), then waits at a
 # barrier of its own for the others before the next kernel (and after the last one, so that none sleeps at libgomp's
-# barrier that ends the region). The wait spins (a few microseconds, the end of a kernel's
-# last chunks) rather than sleeping as libgomp's barrier does here (OMP_WAIT_POLICY=passive, above), where waking a
-# halted virtual CPU costs more than that; past SPIN rounds it yields the core to whoever else needs it (a loaded
-# machine: the thread it waits for may be waiting for that core).
+# barrier that ends the region). The wait spins for up to 50 us (the end of a kernel's last chunks is usually a few
+# microseconds away, and waking a halted virtual CPU costs more than that), then sleeps on a futex until the last
+# thread arrives. Spinning longer, or yielding instead of sleeping, was ruinous on a loaded machine: the thread it
+# waits for may be waiting for that very core (a 12-layer GPT of width 64, 2 cores at load 1.4-1.8: 46.6 ms a call
+# with ~1 ms of spinning and sched_yield against 16.0 with a region per kernel; bench/call_time.py --device CPU).
+# The sleepers count lets the last thread skip the wake-up call when nobody sleeps (all sequentially consistent:
+# either the last thread sees a sleeper, or the sleeper's futex wait sees the new generation and returns).
 TEAM_RUNNER = """#include <stdint.h>
-#include <sched.h>
+#include <limits.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+#include <time.h>
 #include <omp.h>
 typedef void (*g_team_fn)(void* const*);
-#define SPIN 20000
-static void g_team_barrier(int* arrived, int* generation, int threads) {
-  int gen = __atomic_load_n(generation, __ATOMIC_ACQUIRE);
-  if (__atomic_add_fetch(arrived, 1, __ATOMIC_ACQ_REL) == threads) {
-    __atomic_store_n(arrived, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(generation, gen + 1, __ATOMIC_RELEASE);
+#define SPIN_NS 50000   /* the spin's length, by the clock: a pause instruction takes 10 to 140 cycles by the chip */
+static long g_now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec; }
+static void g_team_barrier(int* arrived, int* generation, int* sleepers, int threads) {
+  int gen = __atomic_load_n(generation, __ATOMIC_SEQ_CST);
+  if (__atomic_add_fetch(arrived, 1, __ATOMIC_SEQ_CST) == threads) {
+    __atomic_store_n(arrived, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(generation, gen + 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST)) syscall(SYS_futex, generation, FUTEX_WAKE_PRIVATE, INT_MAX, 0, 0, 0);
     return;
   }
-  for (long spins = 0; __atomic_load_n(generation, __ATOMIC_ACQUIRE) == gen; spins++) {
-    if (spins >= SPIN) sched_yield();
+  for (long spins = 0, until = g_now_ns() + SPIN_NS; (spins & 63) || g_now_ns() < until; spins++) {
+    if (__atomic_load_n(generation, __ATOMIC_SEQ_CST) != gen) return;
 #if defined(__x86_64__)
-    else __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
   }
+  __atomic_add_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
+  while (__atomic_load_n(generation, __ATOMIC_SEQ_CST) == gen)
+    syscall(SYS_futex, generation, FUTEX_WAIT_PRIVATE, gen, 0, 0, 0);   /* returns at once if the generation moved */
+  __atomic_sub_fetch(sleepers, 1, __ATOMIC_SEQ_CST);
 }
 void g_run_team(int n, const uintptr_t* fns, const int* offsets, const uintptr_t* args) {
-  int arrived = 0, generation = 0;
+  int arrived = 0, generation = 0, sleepers = 0;
   #pragma omp parallel
   {
     int threads = omp_get_num_threads();
     for (int i = 0; i < n; i++) {   /* (after the last kernel too: the threads then reach the region's end together) */
       ((g_team_fn)fns[i])((void* const*)(args + offsets[i]));
-      g_team_barrier(&arrived, &generation, threads);
+      g_team_barrier(&arrived, &generation, &sleepers, threads);
     }
   }
 }
