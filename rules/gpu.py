@@ -21,7 +21,9 @@ The plan (one type for both devices: rules/opt's `Plan` of `Opt(kind, axis, amou
 (rules/opt/gpu_tile.py) where its sizes divide a tile, else a rows plan (`grid_plan`). A GPU plan holds the GPU's
 kinds: `global(a)` (loop a, what the splitting records leave of it, runs on blocks; several merge row-major), `local(a,
 n)` (n lanes of a block), `group(a, n)` (a reduction loop over n lanes, combined across them), and a rows plan's
-records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread).
+records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread), `vector(-1, 4)` (a
+lane takes runs of 4 consecutive elements, of its row's spread loops or else of the rows: stage opt_grid_vector,
+rules/gpu_vector.py, reads and writes each run as one floatx4).
 
 A **tile plan** also holds the CPU's kinds: `split`/`upcast` (a register tile), `pack(k)` of a reduction loop (its
 slices staged in shared memory, rules/opt/pack.py). Its local records split their loop like upcast ones (stage
