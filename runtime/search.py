@@ -157,8 +157,6 @@ def neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]:
         out.append(opts + ((Opt(OptKind.PAD, a, n),) if sizes[a] % n else ()) + (Opt(OptKind.UPCAST, a, n),))
     for n in (16, 32, 64, 128):
       out.append(opts + (Opt(OptKind.SPLIT, a, n),))
-  # a rows plan's runs of 4 floats (rules/gpu.py vector(-1, 4)) are one record fewer above; where it has none, one more
-  if lanes and not any(o.kind in (OptKind.SPLIT, OptKind.PACK, OptKind.VECTOR) for o in opts): out.append(opts + (Opt(OptKind.VECTOR, -1, 4),))
   seen, plans = set(), []
   for p in out:
     if p not in seen: seen.add(p); plans.append(Plan(p, "search"))
