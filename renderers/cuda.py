@@ -163,6 +163,9 @@ cuda_rules = PatternMatcher([
    lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None),
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="i"), UPat(name="v"))),
    lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None),
+  # the w values of a vector store (rules/gpu_vector.py): the struct's aggregate initializer
+  (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{ctx.lang.type(v.dtype)}{{{{{', '.join(ctx[s] for s in v.src)}}}}}"
+   if len(v.src) == v.dtype.count else None),
   (UPat(Ops.GEP, name="g", src=(UPat(), UPat(Ops.CONST, name="e"))),
    lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None),
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
