@@ -307,7 +307,5 @@ def team_entries(name: str, params: list[str]) -> str:
   return "\n".join([f"void {name}({', '.join(params)}) {{", "  #pragma omp parallel", f"  {name}_work({', '.join(names)});", "}", "",
                     f"void {name}_team(void* const* a) {{ {name}_work({', '.join(f'({t})a[{i}]' for i, t in enumerate(types))}); }}"])
 
-  def source(self, kernels: list[str]) -> str: return "\n".join(C.headers) + "\n\n" + "\n\n".join(kernels) + "\n"
-
 
 renderer = CRenderer()

@@ -250,12 +250,15 @@ class CPUDevice(Device):
       key_extra, build = _gcc_build()
       cdef = "void g_run_team(int, uintptr_t*, int*, uintptr_t*);"
       self._runner = cache.load_cached(TEAM_RUNNER, key_extra, ".so", build, lambda path: Library(path, cdef, TEAM_RUNNER))[1]
-    teams, offsets, args = [], [], []
-    for program, handles in calls:
-      teams.append(program.loaded().team); offsets.append(len(args)); args += handles
-    if any(program.team is None for program, _ in calls):   # loading one unloaded another (the cap): one by one
+    for program, _ in calls: program.loaded()
+    # all loaded, then the addresses: loading a later program may have unloaded an earlier one (the cap), and loading
+    # that one again (a kernel twice in the team) mapped it anew
+    if any(program.team is None for program, _ in calls):   # more libraries than the cap holds: one by one
       for program, handles in calls: program(*handles)
       return
+    teams, offsets, args = [], [], []
+    for program, handles in calls:
+      teams.append(program.team); offsets.append(len(args)); args += handles
     self._runner.handle.g_run_team(len(calls), teams, offsets, args)   # (cffi passes each list as a C array)
 
   def library(self, source: str, cdef: str) -> Library:

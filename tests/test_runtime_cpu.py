@@ -174,6 +174,21 @@ def test_a_team_runs_kernels_one_after_another_in_one_parallel_region(cpu, cache
   np.testing.assert_array_equal(d.numpy(), np.roll(np.arange(n, dtype=np.float32), -n // 2) + 3)
 
 
+def test_a_team_takes_its_kernels_addresses_after_loading_them_all(cpu, cache_env, monkeypatch):
+  # [pa, px, py, pa] under a cap of 3 with px and py unloaded and pa's library the oldest: loading px and py unloads pa's,
+  # and the second pa loads it again at a new address, which the first call must use too (not the unmapped old one)
+  monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "3")
+  n = 1 << 12
+  px, py = (cpu.build(rotate_kernel(name, n).replace("+ 1;", "+ 100;"), [name])[name] for name in ("px", "py"))
+  pa = cpu.build(rotate_kernel("pa", n), ["pa"])["pa"]
+  for name in ("z1", "z2"): cpu.build(rotate_kernel(name, n), [name])
+  assert pa.team is not None and px.team is None and py.team is None
+  a = Buffer("CPU", n, dtypes.float32).copyin(np.arange(n, dtype=np.float32))
+  b, c, d, e = (Buffer("CPU", n, dtypes.float32) for _ in range(4))
+  cpu.run_team([(pa, [b.handle, a.handle]), (px, [c.handle, b.handle]), (py, [d.handle, c.handle]), (pa, [e.handle, d.handle])])
+  np.testing.assert_array_equal(e.numpy(), np.arange(n, dtype=np.float32) + 202)
+
+
 def test_tensor_programs_outlive_their_libraries(cache_env, monkeypatch):
   from tensor import Tensor
   monkeypatch.setenv("GRAFT_MAX_LIBRARIES", "2")
