@@ -7,8 +7,8 @@ In: a normalized kernel `STORE(VIEW(out), [VIEWs](REDUCE_AXIS(values, scores, ar
     of the dot, constants, buffers read through views, and index arithmetic (IOTA: tril's causal mask);
   - q, k and the values are buffers read through one view each (any strides: a head of a qkv product included);
   - the output is stored through views that only reshape or permute (heads merged back).
-Out: C source (None where any of that does not hold: the generic kernel then, and DEBUG=2 says why) of one function
-taking the kernel's buffers in slot order:
+Out: C source of one function taking the kernel's buffers in slot order (Unsupported, saying why, where any of that
+does not hold: the generic kernel then, and DEBUG=2 says why):
 
     parallel over (batch, chunk of CHUNK query rows):           K^T and V of the batch packed (keys zero-padded to W)
       for a tile of R query rows:                               q rows in a local tile
@@ -156,9 +156,8 @@ class Operands:
   def dk(self) -> int: return self.q[1].shape[-1]   # the dot product's length (the values' head dimension may differ)
 
 
-def attention_operands(norm: UOp, args: list[int]) -> Operands:
-  """The operands of fused attention kernel `norm` (its arguments: the slots `args`), or Unsupported saying why a
-  tiled kernel cannot address them."""
+def attention_operands(norm: UOp) -> Operands:
+  """The operands of fused attention kernel `norm`, or Unsupported saying why a tiled kernel cannot address them."""
   from rules.attention import OnlineSoftmax
   from rules.host import product_strides
   if len(norm.src) != 1: raise Unsupported("the kernel stores more than the attention")
@@ -176,8 +175,6 @@ def attention_operands(norm: UOp, args: list[int]) -> Operands:
   (a, av), (b, bv) = (_views(x) for x in dot.src[0].src)
   if av.strides[-2] != 0: (a, av), (b, bv) = (b, bv), (a, av)   # q does not vary along the keys, k along the rows
   if av.strides[-2] != 0 or bv.strides[-3] != 0: raise Unsupported("the dot product is not q . k")
-  if any(x.arg.number not in args for x in (a, b, vb)):   # (the lowered kernel dropped what its value does not need)
-    raise Unsupported("the scores do not depend on q . k (a mask fills every score)")
   slots = {u.arg.number: u.dtype for u in norm.toposort if u.op is Ops.BUFFER}
   if any(dt not in C_TYPES for dt in slots.values()): raise Unsupported(f"it reads a buffer of {next(dt for dt in slots.values() if dt not in C_TYPES).name}")
   return Operands(out.src[0], out.arg, tuple(os_), tuple(batch), tq, d, tk, (a, av), (b, bv), (vb, vv), dot, scores, slots)
@@ -190,7 +187,7 @@ def base(v: View, n_batch: int) -> str:
 
 def attention_source(norm: UOp, args: list[int]) -> str:
   """The tiled kernel's source (KERNEL_NAME for its name) for normalized kernel `norm`; Unsupported says why not."""
-  ops = attention_operands(norm, args)
+  ops = attention_operands(norm)
   batch, tq, d, tk, os_, dot, scores, slots = list(ops.batch), ops.tq, ops.d, ops.tk, ops.out_strides, ops.dot, ops.scores, ops.slots
   (a, av), (b, bv), (vb, vv) = ops.q, ops.k, ops.v
   out = UOp(Ops.VIEW, ops.out.dtype, (ops.out,), ops.out_view)

@@ -25,7 +25,7 @@ BR (128, 64 or 32) is the one whose blocks best fill the multiprocessors (`block
 NaN, as numpy's. Float math is IEEE (exp2f), as the generic kernel's. Contract beyond attention_operands': the dot
 product's length and the values' head dimension at most MAX_HEAD, buffers float32/int32/bool.
 
-Design debt (as the CPU's tiled kernel): a template chosen after the generic stages, not a plan of rules/opt. What
+Design debt (as the CPU's tiled kernel): a template asked before the generic stages, not a plan of rules/opt. What
 the vocabulary lacks for it: shared-memory tiles of a carried reduction's operands (PACK of the online softmax's key
 loop), a register tile over query rows x keys of that loop, and the exchange of p between the threads of a row (here
 through shared memory) before the second product. tests/test_attention.py runs this source on CPU threads
@@ -34,15 +34,14 @@ through shared memory) before the second product. tests/test_attention.py runs t
 from __future__ import annotations
 import math
 from rewrite import dtypes
-from .attention_c import Epilogue, Unsupported, attention_operands, base, LOG2_E
+from .attention_c import C_TYPES, Epilogue, Unsupported, attention_operands, base, LOG2_E
 from .cuda import CUDA
+from rules.opt.tensor_core import max_shared
 
 BC = 64              # keys a tile
 UNROLL = 16          # steps of the loops over d and over a tile's keys unrolled at a time: whole (64), nvcc took 1.7 s
                      # for 32x1024x64 here (a first call waits for it), 16: 0.9 s
 MAX_HEAD = 128       # dot product length and head dimension the register tiles are written for
-SHARED_PER_SM = 227 << 10   # an H100's shared memory per multiprocessor (what a block may take), bytes
-CUDA_TYPES = {dtypes.float32: "float", dtypes.bool: "bool", dtypes.int32: "int"}
 
 
 def shared_floats(br: int, dk: int, dp: int) -> int:
@@ -55,25 +54,26 @@ ROWS = 4   # R: query rows of a thread's register tiles (a multiple of 4). 8 (8 
           # 0.649-0.707 against 0.508-0.535 (warm calls, /tmp variants of BR and R, one run)
 
 
-def rows_per_thread(dp: int) -> int:
-  """R for a head padded to dp (the same for every head so far: ROWS)."""
-  return ROWS
+def per_multiprocessor(br: int, dk: int, dp: int, shared: int) -> int:
+  """Blocks of BR rows (8 BR / R threads) a multiprocessor of `shared` bytes holds at once, by their shared memory and
+  threads."""
+  return max(1, min(shared // (shared_floats(br, dk, dp) * 4 + 1024), 2048 // (8 * br // ROWS), 32))
 
 
-def per_multiprocessor(br: int, dk: int, dp: int) -> int:
-  """Blocks of BR rows (8 BR / R threads) a multiprocessor holds at once, by their shared memory and threads."""
-  return max(1, min(SHARED_PER_SM // (shared_floats(br, dk, dp) * 4 + 1024), 2048 // (8 * br // rows_per_thread(dp)), 32))
-
-
-def block_rows(blocks_of, dk: int, dp: int, multiprocessors: int) -> int:
-  """BR: the query rows a block, of 128, 64 or 32, whose grid takes least time, counting a wave of blocks as the rows
-  its fullest multiprocessor holds (the blocks that share one run at its speed divided among them); ties: the larger
-  (each key tile read once for more rows). blocks_of(br): the grid's blocks."""
+def block_rows(blocks_of, dk: int, dp: int, multiprocessors: int, arch: str) -> int:
+  """BR: the query rows a block, of 128, 64 or 32, whose tiles fit the shared memory a block may have on `arch` and
+  whose grid takes least time, counting a wave of blocks as the rows its fullest multiprocessor holds (the blocks that
+  share one run at its speed divided among them); ties: the larger (each key tile read once for more rows).
+  blocks_of(br): the grid's blocks. Unsupported where no block fits (a head of 128 on a GPU of 99 KiB a block fits
+  32 rows; one of a larger head than MAX_HEAD is refused before)."""
+  shared = max_shared(arch)
   def cost(br: int) -> tuple[int, int]:
-    per_sm, blocks = per_multiprocessor(br, dk, dp), blocks_of(br)
+    per_sm, blocks = per_multiprocessor(br, dk, dp, shared), blocks_of(br)
     busy = min(per_sm, -(-blocks // multiprocessors))   # blocks on the fullest multiprocessor in a wave
     return -(-blocks // (multiprocessors * busy)) * busy * br, -br
-  return min((br for br in (128, 64, 32) if 8 * br // rows_per_thread(dp) >= 64), key=cost)   # two warps a block at least
+  fits = [br for br in (128, 64, 32) if 8 * br // ROWS >= 64 and shared_floats(br, dk, dp) * 4 <= shared]   # two warps a block at least
+  if not fits: raise Unsupported(f"its tiles pass the {shared >> 10} KiB of shared memory a block may have on {arch}")
+  return min(fits, key=cost)
 
 
 def _stage(name: str, src: str, rows: int, cols: int, row_stride: int, col_stride: int, limit: str, transposed: bool,
@@ -101,19 +101,18 @@ def _stage(name: str, src: str, rows: int, cols: int, row_stride: int, col_strid
   return "\n".join(lines) + "\n  }"
 
 
-def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> tuple[str, tuple[int, int]]:
-  """(source with KERNEL_NAME for its name, (blocks, threads)) of the tiled kernel for normalized kernel `norm`;
-  Unsupported says why not."""
-  ops = attention_operands(norm, args)
+def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132, arch: str = "sm_90") -> tuple[str, tuple[int, int]]:
+  """(source with KERNEL_NAME for its name, (blocks, threads)) of the tiled kernel for normalized kernel `norm` on a
+  GPU of `multiprocessors` SMs and architecture `arch`; Unsupported says why not."""
+  ops = attention_operands(norm)
   batch, tq, d, tk, dk = ops.batch, ops.tq, ops.d, ops.tk, ops.dk
   if d > MAX_HEAD or dk > MAX_HEAD: raise Unsupported(f"a head of {max(d, dk)} passes the {MAX_HEAD} the GPU's tiles are written for")
-  if any(dt not in CUDA_TYPES for dt in ops.slots.values()): raise Unsupported("it reads a buffer of another dtype than float32, int32, bool")
   (qb, qv), (kb, kv), (vb, vv) = ops.q, ops.k, ops.v
   nbt, nb = len(batch), math.prod(batch)
   dp = -(-d // 32) * 32          # the values' head dimension padded to 8 threads x 4 lanes
   dkp = -(-dk // 4) * 4
-  br = block_rows(lambda br: nb * -(-tq // br), dkp, dp, multiprocessors)
-  rt = rows_per_thread(dp)
+  br = block_rows(lambda br: nb * -(-tq // br), dkp, dp, multiprocessors, arch)
+  rt = ROWS
   threads, chunks = 8 * br // rt, -(-tq // br)
   ep = Epilogue(ops.dot, lang=CUDA).expr(ops.scores, [f"b{n}" for n in range(nbt)] + ["i", "j"], True)
   qi, qd = qv.strides[nbt], qv.strides[-1]
@@ -127,13 +126,13 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
   qvec, kvec, vvec = vec(qv, qi, qd, dk), vec(kv, kj, kd, dk), vec(vv, vj, vd, d)
   floats = shared_floats(br, dkp, dp)
   bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
-  params = ", ".join(("" if n == ops.out.arg.number else "const ") + f"{CUDA_TYPES[ops.slots[n]]}* __restrict__ data{n}" for n in args)
+  params = ", ".join(("" if n == ops.out.arg.number else "const ") + f"{C_TYPES[ops.slots[n]]}* __restrict__ data{n}" for n in args)
   pu, vu = br // 4 + 1, dp // 4   # 16-byte units a row of Ps, Vs
   groups = dp // 32
   # the blocks a multiprocessor holds, as a bound on registers, where a thread's tiles leave it room: about 64 for its
   # s tile, q and k, indices, and 16 a group of 4 x 4 accumulators
   need = 32 + 8 * rt + 4 * rt * groups
-  blocks_sm = min(per_multiprocessor(br, dkp, dp), 65536 // (threads * need))
+  blocks_sm = min(per_multiprocessor(br, dkp, dp, max_shared(arch)), 65536 // (threads * need))
   occupancy = f", {blocks_sm}" if blocks_sm > 1 else ""
   src = f"""extern "C" __global__ __launch_bounds__({threads}{occupancy}) G_SHARED({floats * 4}) void KERNEL_NAME({params}) {{
   float* Qs = (float*)g_dynamic_shared;          /* [dk][{br}] */

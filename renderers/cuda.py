@@ -160,14 +160,14 @@ def _end(ctx: RenderContext, e: UOp) -> str:
 cuda_rules = PatternMatcher([
   # a vector load or store (16-byte aligned: rules/opt/pack.py `vector_width`) and one of its elements
   (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, name="i"),)),
-   lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None),
+   lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None, "render_vector_load"),
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="i"), UPat(name="v"))),
-   lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None),
+   lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None, "render_vector_store"),
   # the w values of a vector store (rules/gpu_vector.py): the struct's aggregate initializer
   (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{ctx.lang.type(v.dtype)}{{{{{', '.join(ctx[s] for s in v.src)}}}}}"
-   if len(v.src) == v.dtype.count else None),
+   if len(v.src) == v.dtype.count else None, "render_vectorize"),
   (UPat(Ops.GEP, name="g", src=(UPat(), UPat(Ops.CONST, name="e"))),
-   lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None),
+   lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None, "render_vector_element"),
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
   (UPat(Ops.DEFINE_LOCAL, name="b"), _shared_tile),
   (UPat(Ops.BARRIER, name="b", src=(UPat(Ops.DEFINE_LOCAL, name="local"),), allow_any_len=True), _filled),

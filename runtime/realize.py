@@ -44,12 +44,12 @@ class CompiledKernel:
   args: list[int]            # slot numbers the kernel takes, in parameter order
   flops: int
   bytes: int
-  stored: frozenset[int] = frozenset()   # the slots it writes
+  stored: frozenset[int]     # the slots it writes
   program: object = None
   global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
   local_size: tuple[int, ...] | None = None
   plan: str = ""             # the optimization plan it was lowered with, and where the plan came from (rules/opt)
-  note: str = ""             # what DEBUG=2 says of it (the CPU's tiled attention kernel: used, or why not)
+  note: str = ""             # what DEBUG=2 says of it (a tiled attention kernel: used, or why not)
 
 
 def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
@@ -83,27 +83,30 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
   except RuntimeError: return None   # CUDAUnavailable: no driver here
 
 
-def tiled_attention(norm: UOp, renderer, multiprocessors: int) -> tuple[tuple | None, str]:
-  """((source, launch dims or None, flops, arguments, slot stored), DEBUG=2 note) of a fused attention kernel as the tiled kernel
+def tiled_attention(norm: UOp, renderer, multiprocessors: int, arch: str) -> tuple[tuple | None, str]:
+  """((source, launch dims or None, flops, arguments), DEBUG=2 note) of a fused attention kernel as the tiled kernel
   of its device (the CPU: renderers/attention_c.py; CUDA: renderers/attention_cuda.py), asked before the generic
   stages, which it then makes unneeded (on a GPU they unroll the head's accumulators: most of a first call's
-  lowering); (None, why not) where the tiled kernel cannot address its operands, and (None, "") for any other kernel.
-  Its arguments are every buffer the kernel reads or writes."""
+  lowering); (None, why not) where the tiled kernel cannot address its operands, and (None, "") for any other kernel
+  or renderer. Its arguments are every buffer the kernel reads or writes. A template runs no rule set: a user's rules
+  on the lowering stages do not reach it (GRAFT_ATTENTION=0 keeps attention unfused), and its statistics list no
+  stages."""
   from renderers.attention_c import Unsupported, attention_operands, attention_source
+  from renderers.attention_cuda import attention_cuda_source
+  from renderers.c import CRenderer
+  from renderers.cuda import CUDARenderer
   from rules.attention import OnlineSoftmax
+  if not isinstance(renderer, (CRenderer, CUDARenderer)): return None, ""   # (a user's device: its generic kernel)
   if not any(u.op is Ops.REDUCE_AXIS and isinstance(u.arg[0], OnlineSoftmax) for u in norm.toposort): return None, ""
   args = sorted({u.arg.number for u in norm.toposort if u.op is Ops.BUFFER})
   try:
-    ops = attention_operands(norm, args)
+    ops = attention_operands(norm)
     flops = 2 * math.prod(ops.batch) * ops.tq * ops.tk * (ops.dk + ops.d)   # its two products
-    if not getattr(renderer, "device_loops", False):
-      return (attention_source(norm, args), None, flops, args, ops.out.arg.number), \
+    if isinstance(renderer, CRenderer):
+      return (attention_source(norm, args), None, flops, args), \
           "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)"
-    from renderers.cuda import CUDARenderer
-    if not isinstance(renderer, CUDARenderer): return None, ""
-    from renderers.attention_cuda import attention_cuda_source
-    src, (blocks, threads) = attention_cuda_source(norm, args, multiprocessors)
-    return (src, ((blocks, 1, 1), (threads, 1, 1)), flops, args, ops.out.arg.number), \
+    src, (blocks, threads) = attention_cuda_source(norm, args, multiprocessors, arch)
+    return (src, ((blocks, 1, 1), (threads, 1, 1)), flops, args), \
         "attention tiled: q, k and v tiles in shared memory, 4 rows x 8 keys a thread (renderers/attention_cuda.py)"
   except Unsupported as e: return None, f"attention not tiled: {e}; the row-at-a-time kernel instead"
 
@@ -116,22 +119,22 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
             arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
-    tiled, note = tiled_attention(norm, renderer, run.multiprocessors)
+    tiled, note = tiled_attention(norm, renderer, run.multiprocessors, run.arch)
     if tiled is None:
       linear = lower_planned(norm, buffers, device, run)
       body = renderer.render("KERNEL_NAME", linear)
   if tiled is not None:   # a template: no stages, its own launch and cost
-    body, dims, flops, args, out = tiled
-    stored, linear, kind, nbytes = frozenset({out}), None, "r", buffer_bytes(buffers)
+    body, dims, flops, args = tiled
+    linear, kind, nbytes = None, "r", buffer_bytes(buffers)
   else:
     dims = launch_dims(linear) if device_loops else None
     kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
     args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
-    stored = frozenset(n.arg for u in linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL)
     flops, nbytes = kernel_cost(linear, buffers)
   shape = norm.src[0].src[0].arg.shape
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
-  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, stored=stored,
+  stored = frozenset(b.arg.number for b in buffers_written(norm))
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, stored,
                       plan=(str(run.opt.plan) if run.opt else "") + (" [tiled attention]" if tiled is not None else ""), note=note)
   if dims is not None: ck.global_size, ck.local_size = dims
   recorded.name = name

@@ -9,7 +9,6 @@ from rewrite import dtypes
 from runtime.realize import last_program, plan
 from rules.attention import MAX_HEAD, BLOCK, LANES
 from rewrite import Ops
-from rules.attention import head_size
 from rules.pipeline import Run, lower_kernel
 from rules.realize import NewBuffer
 from test_gpu_stages import run_on_model_gpu, host_steps, run_grid
@@ -198,7 +197,7 @@ def test_a_fully_masked_row_is_nan_as_in_numpy():
   np.testing.assert_allclose(np.delete(got[0], 2, 0), np.delete(attention(q, k, v, m)[0], 2, 0), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("dv", [17, 16])   # (16: the CPU's tiled kernel would apply, but q and k are read by nothing)
+@pytest.mark.parametrize("dv", [17, 16])   # (16: the CPU's tiled kernel, 17: the generic one)
 def test_scores_a_mask_fills_whole_are_the_same_for_every_row(dv):
   # a mask over every score leaves scores that depend on no query row: the running max and sum are still each row's
   # (found by bench/fuzz.py --patterns: they were computed once, outside the rows' loops, and the kernel did not build)
@@ -329,19 +328,19 @@ def generic_cuda_source(t: Tensor) -> str:
 def run_tiled_on_cpu_threads(*tensors: Tensor) -> list[np.ndarray]:
   """The tensors through the GPU's host program, the fused attention kernels as renderers/attention_cuda.py writes
   them, run on CPU threads (tests/cuda_threads.py), the other kernels in the numpy model of a grid."""
-  from renderers.attention_cuda import attention_cuda_source
+  from renderers.cuda import renderer as cuda_renderer
+  from runtime.realize import tiled_attention
   steps, realized = host_steps(tensors)
   arrays: dict = {}
   def array_of(b):
     if b not in arrays: arrays[b] = np.zeros(b.arg.size, b.dtype.np) if isinstance(b.arg, NewBuffer) else b.arg.numpy().copy()
     return arrays[b]
   for step in (s for s in steps if s.op is Ops.CALL):
-    linear = lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True))
-    if head_size(linear) is None:
-      run_grid(linear, {i: array_of(b) for i, b in enumerate(step.src)})
+    tiled, _ = tiled_attention(step.arg, cuda_renderer, 132, "sm_90")   # as runtime/realize.py asks it, on an H100
+    if tiled is None:
+      run_grid(lower_kernel(step.arg, Run("CPU", parallel=False, device_loops=True)), {i: array_of(b) for i, b in enumerate(step.src)})
       continue
-    args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
-    src, (blocks, threads) = attention_cuda_source(step.arg, args)
+    src, ((blocks, _, _), (threads, _, _)), _, args = tiled
     launch(src, "KERNEL_NAME", [array_of(step.src[n]) for n in args], blocks, threads)
   return [array_of(u.src[0]).reshape(t.shape) for u, t in zip(realized, tensors)]
 
@@ -389,6 +388,22 @@ def test_on_a_gpu_the_kernel_stages_tiles_in_shared_memory_and_holds_register_ti
   # masked for the whole block skipped
   assert "j0 += 64" in src and src.count("__shfl_xor_sync") == 6 and "__syncthreads_or(live)" in src
   assert "1048576" not in src and "1024*1024" not in src   # no 1024 x 1024 scores anywhere
+
+
+def test_on_a_gpu_the_blocks_are_those_whose_tiles_fit_the_architectures_shared_memory():
+  # a head of 128: blocks of 128 rows take 161 KiB of shared tiles, past the 99 KiB a block may have on sm_86 (consumer
+  # Ampere; Ada, sm_120 too): there the kernel takes blocks that fit, not a launch that fails
+  from renderers.cuda import renderer as cuda_renderer
+  from runtime.realize import tiled_attention
+  from rules.opt.tensor_core import max_shared
+  q, k, v = (Tensor(np.zeros((32, 1024, 128), np.float32), device="CPU") for _ in range(3))
+  (step,) = [s for s in host_steps([attention(q, k, v)])[0] if s.op is Ops.CALL]
+  shared = {}
+  for arch in ("sm_90", "sm_86"):
+    (src, *_), note = tiled_attention(step.arg, cuda_renderer, 108, arch)
+    shared[arch] = int(re.search(r"G_SHARED\((\d+)\)", src).group(1))
+    assert shared[arch] <= max_shared(arch) and note.startswith("attention tiled")
+  assert shared["sm_86"] < 99 << 10 < shared["sm_90"]
 
 
 def test_the_generic_gpu_kernel_with_few_rows_splits_their_keys_over_lanes():

@@ -83,7 +83,7 @@ def test_a_warm_call_reuses_its_plan_and_another_constant_does_not(monkeypatch):
 
 def test_new_kernels_are_dealt_into_compiler_calls_of_about_equal_source():
   from runtime.realize import CompiledKernel, compile_groups
-  cks = [CompiledKernel(f"k{i}", "CUDA", "x" * n, None, [], 0, 0) for i, n in enumerate([900, 100, 500, 400, 50, 450])]
+  cks = [CompiledKernel(f"k{i}", "CUDA", "x" * n, None, [], 0, 0, frozenset()) for i, n in enumerate([900, 100, 500, 400, 50, 450])]
   groups = compile_groups(cks, 3)
   assert sorted(ck.name for g in groups for ck in g) == sorted(ck.name for ck in cks)   # each kernel once
   assert sorted(sum(len(ck.source) for ck in g) for g in groups) == [650, 850, 900]

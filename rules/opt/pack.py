@@ -161,11 +161,12 @@ VECTOR_BYTES = 16   # a lane's fill reads this much at once where it can: ld.glo
 
 def vector_width(value: UOp, idx: UOp, fastest: UOp, total: int, threads: int) -> int:
   """How many consecutive elements a lane's fill reads as one vector: VECTOR_BYTES' worth where the value is a plain
-  load of 4-byte elements (a prologue's arithmetic stays scalar), consecutive along the fill's fastest part, and each
-  vector's first element sits at a multiple of VECTOR_BYTES: the index's other terms and its constant are multiples
-  of the width (a buffer is at least 256-byte aligned, cuMemAlloc; a view's offset is in the index); else 1."""
+  load of float32 elements (the prelude's floatx4; a prologue's arithmetic stays scalar), consecutive along the fill's
+  fastest part, and each vector's first element sits at a multiple of VECTOR_BYTES: the index's other terms and its
+  constant are multiples of the width (a buffer is at least 256-byte aligned, cuMemAlloc; a view's offset is in the
+  index); else 1."""
   w = VECTOR_BYTES // value.dtype.itemsize
-  if value.op is not Ops.LOAD or len(value.src) != 1 or value.dtype.itemsize != 4: return 1
+  if value.op is not Ops.LOAD or len(value.src) != 1 or value.dtype is not dtypes.float32: return 1   # (floatx4 only)
   if fastest.src[0].arg % w or total % (threads * w): return 1
   terms = terms_of(idx)
   if (fastest, 1) not in terms: return 1
