@@ -340,19 +340,12 @@ def _is_reshape(v: UOp) -> bool:
           and v.arg.size == math.prod(shape_of(v.src[0])))
 
 
-read_store_rules = PatternMatcher([
-  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
-  (UPat(name="u"), read_from_store),
-], name="stored_reductions")
-share_rules = PatternMatcher([
-  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
-  (UPat(name="u"), read_from_store),
-], name="share")
-stored_read_rules = PatternMatcher([
-  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value),
-  (UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value),
-  (UPat(name="u"), read_from_store),
-], name="stored_reads")
+# the three stages' rules are the same two (their StoreIndex says which stores they read), the stored reads' led by one
+_store_once = [(UPat(Ops.CONTIGUOUS, name="c"), one_store_per_value), (UPat(name="u"), read_from_store)]
+read_store_rules = PatternMatcher(_store_once, name="stored_reductions")
+share_rules = PatternMatcher(_store_once, name="share")
+stored_read_rules = PatternMatcher([(UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW),)), store_the_reshaped_value), *_store_once],
+                                   name="stored_reads")
 
 
 # ---- share: a value read by kernels of several depths is stored once ----
