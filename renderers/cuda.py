@@ -109,6 +109,15 @@ class CUDALanguage(Language):
     # half math goes through float (cuda_fp16.h converts both ways)
     return fn if dt is dtypes.float64 else f"{fn}f"
 
+  def type(self, dt):
+    # a pair of 16-bit values (a tensor-core epilogue's neighbouring columns, rules/opt/tensor_core.py): CUDA's own
+    return _PAIRS.get(dt) or super().type(dt)
+
+
+# the CUDA types of 2 lanes of 16 bits, and how two scalars make one (cuda_fp16.h, cuda_bf16.h)
+_PAIRS = {dtypes.float16.vec(2): "half2", dtypes.bfloat16.vec(2): "__nv_bfloat162"}
+_MAKE_PAIR = {dtypes.float16.vec(2): "__halves2half2", dtypes.bfloat16.vec(2): "__halves2bfloat162"}
+
 
 CUDA = CUDALanguage()
 
@@ -158,6 +167,9 @@ cuda_rules = PatternMatcher([
    lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None),
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="i"), UPat(name="v"))),
    lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None),
+  (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{_MAKE_PAIR[v.dtype]}({ctx[v.src[0]]}, {ctx[v.src[1]]})" if v.dtype in _MAKE_PAIR else None),
+  # a reciprocal whose value is rounded to 16 bits before it is stored (rules/opt/tensor_core.py)
+  (UPat(Ops.RECIP, name="x", arg="approx"), lambda ctx, x: f"g_rcp_approx({ctx[x.src[0]]})", "render_approximate_recip"),
   (UPat(Ops.GEP, name="g", src=(UPat(), UPat(Ops.CONST, name="e"))),
    lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None),
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),

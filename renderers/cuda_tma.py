@@ -53,7 +53,7 @@ __device__ __forceinline__ void g_tma_load(unsigned dst, const g_tensor_map& map
    g_wgmma_tile's (renderers/cuda_tma.py); the producer's threads do not return */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K>
 __device__ __forceinline__ void g_wgmma_tma_tile(float* acc, const g_tensor_map& ta, const g_tensor_map& tb, int row0, int col0) {
-  constexpr int BK = 64, KSTEP = 16, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
+  constexpr int BK = 64, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
   constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
   static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 2, "tile sizes");
   const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
@@ -90,12 +90,7 @@ __device__ __forceinline__ void g_wgmma_tma_tile(float* acc, const g_tensor_map&
       const int s = kt % STAGES;
       g_mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
       const unsigned sa = base + s * STAGE, sb = sa + A_BYTES;
-      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+      g_wgmma_slice<T, BN, B_ALONG_K>(acc, sa + wg * 64 * 128, sb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       g_wgmma_wait<1>();   /* group kt - 1 is done: its slice goes back to the producer */
       if (kt > 0 && (tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));

@@ -86,6 +86,8 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       elif u.op is Ops.CARRY: val[u] = next(val[r] for r in val if getattr(r, "op", None) is Ops.REDUCE and r.arg is Ops.NOOP and r.src[0].src[1] is u)
       elif u.op is Ops.NOOP: val[u] = v(u.src[0])
       elif u.op is Ops.GEP: val[u] = v(u.src[0])[..., u.src[1].arg]   # an element of a vector (its last axis)
+      elif u.op is Ops.VECTORIZE:   # a vector of its sources (its last axis)
+        val[u] = np.stack([np.broadcast_to(v(s), shape) for s in u.src], -1).astype(u.dtype.scalar.np)
       elif u.op is Ops.REDUCE: pass  # its value is its accumulator
       elif u.op is Ops.BARRIER:
         (op, lanes), x = u.arg, np.broadcast_to(v(u.src[0]), shape)

@@ -58,7 +58,21 @@ def test_the_epilogue_is_applied_to_each_accumulator_before_its_store():
   x, w, b = Tensor(normal(128, 64)), Tensor(normal(64, 128)), Tensor(normal(128))
   src = cuda_text((x @ w + b).gelu())
   regs = TileSpec("float16", 64, 64, 2, 2, 32, 3, False, 64, 64, 128).regs
-  assert src.count("exp2f(") == regs and src.count("*(data0+") == regs   # one activation and one store per accumulator
+  assert src.count("exp2f(") == regs   # one activation per accumulator
+  # a lane's two neighbouring columns stored together (4 bytes), and the sigmoid's reciprocal approximate: the value is
+  # rounded to 16 bits before it is stored
+  assert src.count("*(half2*)(data0+") == regs // 2 and src.count("*(data0+") == 0
+  assert src.count("g_rcp_approx(") == regs and "(1.0f/" not in src
+
+
+def test_a_float32_epilogue_keeps_its_stores_and_an_ieee_reciprocal():
+  x, w = Tensor(normal(128, 64)), Tensor(normal(64, 128))
+  src = cuda_text((x @ w).float().sigmoid())   # stored as float32: nothing rounds the reciprocal's error away
+  regs = TileSpec("float16", 64, 64, 2, 2, 32, 3, False, 64, 64, 128).regs
+  assert "g_mma_tile<" in src and src.count("*(data0+") == regs and src.count("(1.0f/") == regs
+  assert "g_rcp_approx" not in src and "half2" not in src
+  xb, wb = (Tensor(normal(*s, dtype=np.float32), dtype="bfloat16") for s in ((128, 64), (64, 128)))
+  assert cuda_text((xb @ wb).relu()).count("__halves2bfloat162(") == regs // 2
 
 
 def test_the_plan_is_recorded_as_tensor_core_records():
@@ -146,7 +160,7 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   name = batched.split(" void ")[1].split("(")[0]
   assert "__launch_bounds__(256)" in batched and dynamic_shared_bytes(batched, name) == 4 * (128 + 128) * 64 * 2 + 1024
   regs = TileSpec("float16", 128, 256, 8, 1, 64, 4, False, 512, 512, 4096, True).regs
-  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(data0+") == regs   # the epilogue per accumulator
+  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(half2*)(data0+") == regs // 2   # the epilogue per accumulator
   source = renderer.source([batched, bf16])
   for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",

@@ -410,15 +410,40 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   # (TMA: the producer warpgroup's threads, after the tile's, end in the tile's call; in the graph they hold the
   # accumulators of thread lidx % consumers, whose stores they would repeat)
   lane = lidx % (s.threads - TMA_PRODUCER) if s.tma else lidx
+  store = _approximate_reciprocals(p.store) if p.store.src[1].dtype in HALVES else p.store
   for e in range(s.regs):
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
     row, col = accumulator_at(s, lane, e)
     moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
-    stores.append(substitute(p.store, {p.red: acc, **moves}))
+    stores.append(substitute(store, {p.red: acc, **moves}))
+  if _pairs_columns(p, s): stores = [_paired(lo, hi) for lo, hi in zip(stores[::2], stores[1::2])]
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
   plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
                *(Opt(OptKind.TENSOR_CORE, axis[k], s.bk) for k in p.ks)), "tensor_core")
   return UOp(Ops.SINK, sink.dtype, tuple(stores), plan)
+
+
+def _approximate_reciprocals(store: UOp) -> UOp:
+  """The store with each float32 reciprocal of its value marked approximate (`RECIP`'s arg "approx": `rcp.approx.f32`,
+  within 1 ulp of float32 where the division is rounded to half an ulp, and ~10 instructions and a branch fewer, on
+  each of a lane's accumulators): its value is rounded to 16 bits, 2^13 times coarser, before it is stored."""
+  recips = {u: u.replace(arg="approx") for u in store.src[1].toposort if u.op is Ops.RECIP and u.dtype is dtypes.float32}
+  return substitute(store, recips)
+
+
+def _pairs_columns(p: Product, s: TileSpec) -> bool:
+  """Whether accumulators e and e + 1 (e even: a lane's two neighbouring columns, mma's and wgmma's fragment layout)
+  store as one 4-byte pair: 16-bit values, not gated, consecutive along j in the output, and every pair's first
+  address 4-byte aligned (every other stride and the offset even; the pair's column is even)."""
+  if s.fma or s.swapped or p.store.src[1].dtype not in HALVES or len(p.store.src) != 2: return False
+  idx = _affine(p.store.src[0].src[1])
+  return idx is not None and idx.get(p.j) == 1 and all(c % 2 == 0 for r, c in idx.items() if r is not p.j)
+
+
+def _paired(lo: UOp, hi: UOp) -> UOp:
+  """Two stores of neighbouring 16-bit elements as one store of both, at the first's address."""
+  val = UOp(Ops.VECTORIZE, lo.src[1].dtype.vec(2), (lo.src[1], hi.src[1]))
+  return lo.replace(src=(lo.src[0], val))
 
 
 tensor_core_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), to_tensor_cores)], name="tensor_core")
