@@ -5,12 +5,13 @@ variants of it, side by side with cuBLAS and torch eager on the same inputs (iss
 
 Kernels (each lowered here through the CUDA pipeline, not the kernel cache, so each variant is its own kernel, built,
 run alone and checked against torch): `bare` x @ W, `bias` x @ W + b, `gelu` (x @ W + b).gelu(), as the tree renders
-them; then the gelu kernel's source with one change each (VARIANTS: what each measures). Each figure: the median over
+them; `bare-nt` x @ W.T (B stored along k: wgmma reads it K-major, no transpose); `bare-128x128` x @ W on 128x128 tiles
+(6 slices in flight); then a kernel's source with one change each (VARIANTS: what each measures). Each figure: the median over
 7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
 interleaved (a clock that drifts moves them alike). torch: `x @ W` (cuBLAS), and eager `gelu(x @ W + b)` with
 approximate="tanh" (cuBLAS, then the add and the GELU as kernels of their own).
---ncu: launch only the gelu and the bare kernel once each (named probe_gelu, probe_bare), for
-`ncu --set full -k regex:probe -c 2 python3 bench/tma_epilogue.py --ncu`.
+--ncu: launch only the gelu and the bare kernel (probe_gelu, probe_bare) and torch's x @ W once each, for
+`ncu --set full -k regex:"probe|gemm|xmma" -c 3 python3 bench/tma_epilogue.py --ncu`.
 """
 from __future__ import annotations
 import argparse, os, re, statistics, sys
@@ -24,44 +25,43 @@ from rules.gpu import launch_dims
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 
-# the epilogue's stores, `*(data0+i) = v;`, in accumulator order (a lane's e = 0, 1, ...: e and e + 1 are neighbours)
-_STORE = re.compile(r"^(\s*)\*\(data0\+(v\d+)\) = (v\d+);$", re.M)
-# tanh(u) as tensor/elementwise.py builds it: 2 / (1 + 2^(-2u log2 e)) - 1
+# tanh(u) as tensor/elementwise.py builds it: 2 / (1 + 2^(-2u log2 e)) - 1 (its reciprocal approximate: a 16-bit epilogue)
 _TANH = re.compile(r"float (v\d+) = \((v\d+)\*2\.0f\);\n\s*float v\d+ = \(\1\*\(-1\.4426950408889634f\)\);\n"
-                   r"\s*float (v\d+) = exp2f\(v\d+\);\n\s*float (v\d+) = \(\3\+1\.0f\);\n\s*float (v\d+) = \(1\.0f/\4\);\n"
+                   r"\s*float (v\d+) = exp2f\(v\d+\);\n\s*float (v\d+) = \(\3\+1\.0f\);\n\s*float (v\d+) = g_rcp_approx\(\4\);\n"
                    r"\s*float (v\d+) = \(\5\*2\.0f\);\n(\s*float v\d+ = \(-1\.0f\);\n)?\s*float (v\d+) = \(\6\+v\d+\);")
 HELPERS = r"""
-__device__ __forceinline__ float g_rcp_approx(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 __device__ __forceinline__ float g_tanh_approx(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 """
 
 
-def paired_stores(src: str) -> str:
-  """The stores of accumulators e and e + 1 (even e: neighbouring columns) as one 4-byte half2 store."""
-  found = list(_STORE.finditer(src))
-  assert len(found) % 2 == 0 and found, "no stores to pair"
-  out, at = [], 0
-  for lo, hi in zip(found[::2], found[1::2]):
-    out += [src[at:lo.start()], src[lo.end():hi.start()],
-            f"{hi.group(1)}*((half2*)(data0+{lo.group(2)})) = __halves2half2({lo.group(3)}, {hi.group(3)});"]
-    at = hi.end()
-  return "".join(out) + src[at:]
+def unpaired(src: str) -> str:
+  """The epilogue as it was before pairs: each 16-bit output stored alone, the reciprocal IEEE's 1.0f/x."""
+  pairs = dict((p, (a, b)) for p, a, b in re.findall(r"half2 (v\d+) = __halves2half2\((v\d+), (v\d+)\);", src))
+  def split(m):
+    a, b = pairs[m.group(3)]
+    return f"{m.group(1)}*(data0+{m.group(2)}) = {a};\n{m.group(1)}*(data0+{m.group(2)}+1) = {b};"
+  out = re.sub(r"^(\s*)\*\(half2\*\)\(data0\+(v\d+)\) = (v\d+);$", split, src, flags=re.M)
+  return re.sub(r"g_rcp_approx\((v\d+)\)", r"(1.0f/\1)", out)
 
 
-VARIANTS = {   # name: (what it measures, the change to the gelu kernel's source)
-  "rcp": ("1/x as rcp.approx.ftz (sigmoid's reciprocal: IEEE division is ~10 instructions and a branch)",
-          lambda s: re.sub(r"\(1\.0f/(v\d+)\)", r"g_rcp_approx(\1)", s)),
-  "tanh": ("the tanh as one tanh.approx.f32", lambda s: _TANH.sub(r"float \8 = g_tanh_approx(\2);", s)),
-  "half2": ("each lane's two neighbouring outputs stored as one half2", paired_stores),
-  "tanh+half2": ("both", lambda s: paired_stores(_TANH.sub(r"float \8 = g_tanh_approx(\2);", s))),
-  "rcp+half2": ("both", lambda s: paired_stores(re.sub(r"\(1\.0f/(v\d+)\)", r"g_rcp_approx(\1)", s))),
+VARIANTS = {   # name: (the kernel it changes, what it measures, the change to its source)
+  "gelu-before": ("gelu", "the epilogue before: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
+  "bare-before": ("bare", "the same for the bare product (each output stored alone)", unpaired),
+  "gelu-tanh": ("gelu", "the tanh as one tanh.approx.f32 (not delivered: relative error 2^-11 of tanh, large against "
+                "gelu's negative tail)", lambda s: _TANH.sub(r"float \8 = g_tanh_approx(\2);", s)),
 }
 
 
-def kernel_for(t, name: str, multiprocessors: int, arch: str) -> tuple[str, tuple]:
-  """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU, and its launch sizes."""
-  (kern,) = [x for x in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if x.op is Ops.KERNEL]
-  linear = lower_kernel(normalize(kern)[0], Run("CUDA", parallel=False, device_loops=True, multiprocessors=multiprocessors, arch=arch))
+def kernel_for(t, name: str, multiprocessors: int, arch: str, tiles=None) -> tuple[str, tuple]:
+  """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU (with `tiles` as its WGMMA_TILES
+  where given), and its launch sizes."""
+  import rules.opt.tensor_core as tc
+  saved = tc.WGMMA_TILES
+  tc.WGMMA_TILES = tiles or saved
+  try:
+    (kern,) = [x for x in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if x.op is Ops.KERNEL]
+    linear = lower_kernel(normalize(kern)[0], Run("CUDA", parallel=False, device_loops=True, multiprocessors=multiprocessors, arch=arch))
+  finally: tc.WGMMA_TILES = saved
   return renderer.render(name, linear), launch_dims(linear)
 
 
@@ -70,46 +70,52 @@ def main() -> None:
   ap.add_argument("--m", type=int, default=8192)
   ap.add_argument("--k", type=int, default=4096)
   ap.add_argument("--n", type=int, default=4096)
-  ap.add_argument("--only", default="", help="comma-separated kernels (bare, bias, gelu, and the VARIANTS' names)")
-  ap.add_argument("--ncu", action="store_true", help="launch probe_gelu and probe_bare once each, nothing else")
+  ap.add_argument("--only", default="", help="comma-separated kernels (bare, bias, gelu, bare-nt, bare-128x128, VARIANTS)")
+  ap.add_argument("--ncu", action="store_true", help="launch probe_gelu, probe_bare and torch's x @ W once each, nothing else")
   args = ap.parse_args()
   import torch
   from runtime.device import get_device
   dev = get_device("CUDA")
   m, k, n = args.m, args.k, args.n
   host = lambda *s: Tensor(np.zeros(s, np.float32), dtype="float16", device="CPU")
-  x, w, b = host(m, k), host(k, n), host(n)
-  exprs = {"bare": (x @ w, 2), "bias": (x @ w + b, 3), "gelu": ((x @ w + b).gelu(), 3)}
+  x, w, b, wt = host(m, k), host(k, n), host(n), host(n, k)
   torch.manual_seed(0)
   X = torch.randn(m, k, device="cuda").half()
   W = (torch.randn(k, n, device="cuda") / k ** 0.5).half()
   B = torch.randn(n, device="cuda").half()
-  refs = {"bare": X @ W, "bias": X @ W + B}
-  refs["gelu"] = torch.nn.functional.gelu(refs["bias"], approximate="tanh")
-  kernels = {}   # name: (source, launch sizes, operands, reference)
-  for name, (t, operands) in exprs.items():
-    src, dims = kernel_for(t, f"probe_{name}", dev.multiprocessor_count, dev.arch)
-    kernels[name] = (src, dims, operands, refs[name])
-  if not args.ncu:
-    gelu_src, dims, _, ref = kernels["gelu"]
-    for name, (_, change) in VARIANTS.items():
-      src = change(gelu_src).replace("probe_gelu", f"probe_{re.sub('[^a-z0-9]', '_', name)}")
-      assert src != gelu_src, f"variant {name} changed nothing"
-      kernels[name] = (src, dims, 3, ref)
-  if args.only: kernels = {nm: v for nm, v in kernels.items() if nm in args.only.split(",")}
-  if args.ncu: kernels = {nm: kernels[nm] for nm in ("gelu", "bare")}
+  WT = W.T.contiguous()
   out = torch.empty(m, n, device="cuda", dtype=torch.float16)
-  ptrs = [out.data_ptr(), X.data_ptr(), W.data_ptr(), B.data_ptr()]
+  # name: (the tensor, its parameters after the output, the WGMMA tiles it is planned with)
+  exprs = {"bare": (x @ w, (X, W), None), "bias": (x @ w + b, (X, W, B), None), "gelu": ((x @ w + b).gelu(), (X, W, B), None),
+           "bare-nt": (x @ wt.T, (X, WT), None), "bare-128x128": (x @ w, (X, W), ((128, 128, 8, 1, 64, 4),))}
+  if args.ncu: exprs = {nm: exprs[nm] for nm in ("gelu", "bare")}
+  kernels = {}   # name: (source, launch sizes, parameters)
+  for name, (t, params, tiles) in exprs.items():
+    kernels[name] = (*kernel_for(t, f"probe_{name.replace('-', '_')}", dev.multiprocessor_count, dev.arch, tiles), params)
+  if not args.ncu:
+    for name, (base, _, change) in VARIANTS.items():
+      src, dims, params = kernels[base]
+      new = change(src).replace(f"probe_{base}(", f"probe_{name.replace('-', '_')}(")
+      assert new != src, f"variant {name} changed nothing"
+      kernels[name] = (new, dims, params)
+  if args.only: kernels = {nm: v for nm, v in kernels.items() if nm in args.only.split(",")}
   runs, errs = {}, {}
-  for name, (src, dims, operands, ref) in kernels.items():
+  refs = {}
+  for name, (src, dims, params) in kernels.items():
     fn = re.search(r"void (probe_\w+)\(", src).group(1)
     try: prog = dev.build(renderer.source([HELPERS + src]), [fn])[fn]
     except Exception as e: print(f"{name}: build FAILED {repr(e)[:400]}", flush=True); continue
-    runs[name] = lambda prog=prog, dims=dims, operands=operands: prog(*ptrs[:operands + 1], global_size=dims[0], local_size=dims[1])
+    ptrs = [out.data_ptr(), *(p.data_ptr() for p in params)]
+    runs[name] = lambda prog=prog, dims=dims, ptrs=ptrs: prog(*ptrs, global_size=dims[0], local_size=dims[1])
     runs[name](); torch.cuda.synchronize()
-    errs[name] = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-  if args.ncu: return
+    if args.ncu: continue
+    kind = "gelu" if "gelu" in name else "bias" if "bias" in name else "bare"
+    if kind not in refs:
+      refs[kind] = {"bare": lambda: X @ W, "bias": lambda: X @ W + B,
+                    "gelu": lambda: torch.nn.functional.gelu(X @ W + B, approximate="tanh")}[kind]().float()
+    errs[name] = ((out.float() - refs[kind]).abs().max() / refs[kind].abs().max()).item()
   runs["torch x@W (cuBLAS)"] = lambda: X @ W
+  if args.ncu: runs["torch x@W (cuBLAS)"](); torch.cuda.synchronize(); return
   runs["torch eager gelu"] = lambda: torch.nn.functional.gelu(X @ W + B, approximate="tanh")
   for fn in runs.values():
     for _ in range(3): fn()
@@ -125,12 +131,13 @@ def main() -> None:
   med = {name: statistics.median(v) for name, v in times.items()}
   eager, flops = med["torch eager gelu"], 2 * m * n * k
   print(f"device: {torch.cuda.get_device_name()} (torch {torch.__version__}); {m}x{k} @ {k}x{n} fp16, fp32 accumulate; "
-        f"median of 7 rounds of 10 launches")
-  print(f"{'kernel':<20}{'ms':>8}{'TFLOP/s':>9}{'vs eager':>9}  err      what")
+        f"median of 7 rounds of 10 launches (min-max of the rounds)")
+  print(f"{'kernel':<20}{'ms':>8}{'min-max':>15}{'TFLOP/s':>9}{'vs eager':>9}  err      what")
   for name, t in med.items():
-    what = VARIANTS[name][0] if name in VARIANTS else ""
+    what = VARIANTS[name][1] if name in VARIANTS else ""
     err = f"{errs[name]:.1e}" if name in errs else "   -   "
-    print(f"{name:<20}{t:8.3f}{flops / t / 1e9:9.1f}{eager / t:9.3f}  {err}  {what}")
+    spread = f"{min(times[name]):.3f}-{max(times[name]):.3f}"
+    print(f"{name:<20}{t:8.3f}{spread:>15}{flops / t / 1e9:9.1f}{eager / t:9.3f}  {err}  {what}")
 
 
 if __name__ == "__main__":
