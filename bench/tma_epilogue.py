@@ -6,7 +6,9 @@ variants of it, side by side with cuBLAS and torch eager on the same inputs (iss
 Kernels (each lowered here through the CUDA pipeline, not the kernel cache, so each variant is its own kernel, built,
 run alone and checked against torch): `bare` x @ W, `bias` x @ W + b, `gelu` (x @ W + b).gelu(), as the tree renders
 them; `bare-nt` x @ W.T (B stored along k: wgmma reads it K-major, no transpose); `bare-128x128` x @ W on 128x128 tiles
-(6 slices in flight); then a kernel's source with one change each (VARIANTS: what each measures). Each figure: the median over
+(6 slices in flight); `-cols8`, `-rows16`, `-cols4`: blocks in groups of 8 column tiles (16 row tiles, 4 column tiles:
+rules/opt/tensor_core.py BLOCK_GROUP; delivered: 8 rows); then a kernel's source with one change each (VARIANTS: what
+each measures). Each figure: the median over
 7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
 interleaved (a clock that drifts moves them alike). torch: `x @ W` (cuBLAS), and eager `gelu(x @ W + b)` with
 approximate="tanh" (cuBLAS, then the add and the GELU as kernels of their own).
@@ -52,16 +54,17 @@ VARIANTS = {   # name: (the kernel it changes, what it measures, the change to i
 }
 
 
-def kernel_for(t, name: str, multiprocessors: int, arch: str, tiles=None) -> tuple[str, tuple]:
-  """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU (with `tiles` as its WGMMA_TILES
-  where given), and its launch sizes."""
+def kernel_for(t, name: str, multiprocessors: int, arch: str, patch: dict | None = None) -> tuple[str, tuple]:
+  """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU, with rules/opt/tensor_core.py's
+  settings in `patch` (WGMMA_TILES, BLOCK_GROUP) where given, and its launch sizes."""
   import rules.opt.tensor_core as tc
-  saved = tc.WGMMA_TILES
-  tc.WGMMA_TILES = tiles or saved
+  saved = {k: getattr(tc, k) for k in patch or {}}
+  for k, v in (patch or {}).items(): setattr(tc, k, v)
   try:
     (kern,) = [x for x in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if x.op is Ops.KERNEL]
     linear = lower_kernel(normalize(kern)[0], Run("CUDA", parallel=False, device_loops=True, multiprocessors=multiprocessors, arch=arch))
-  finally: tc.WGMMA_TILES = saved
+  finally:
+    for k, v in saved.items(): setattr(tc, k, v)
   return renderer.render(name, linear), launch_dims(linear)
 
 
@@ -70,7 +73,8 @@ def main() -> None:
   ap.add_argument("--m", type=int, default=8192)
   ap.add_argument("--k", type=int, default=4096)
   ap.add_argument("--n", type=int, default=4096)
-  ap.add_argument("--only", default="", help="comma-separated kernels (bare, bias, gelu, bare-nt, bare-128x128, VARIANTS)")
+  ap.add_argument("--only", default="", help="comma-separated kernels (bare, bias, gelu, bare-nt, bare-128x128, the block "
+                  "orders gelu-cols8, gelu-rows16, gelu-cols4, bare-cols8, bare-rows16, and VARIANTS)")
   ap.add_argument("--ncu", action="store_true", help="launch probe_gelu, probe_bare and torch's x @ W once each, nothing else")
   args = ap.parse_args()
   import torch
@@ -86,19 +90,26 @@ def main() -> None:
   WT = W.T.contiguous()
   out = torch.empty(m, n, device="cuda", dtype=torch.float16)
   # name: (the tensor, its parameters after the output, the WGMMA tiles it is planned with)
-  exprs = {"bare": (x @ w, (X, W), None), "bias": (x @ w + b, (X, W, B), None), "gelu": ((x @ w + b).gelu(), (X, W, B), None),
-           "bare-nt": (x @ wt.T, (X, WT), None), "bare-128x128": (x @ w, (X, W), ((128, 128, 8, 1, 64, 4),))}
-  if args.ncu: exprs = {nm: exprs[nm] for nm in ("gelu", "bare")}
+  gelu, order = (x @ w + b).gelu(), lambda *g: {"BLOCK_GROUP": g}
+  exprs = {"bare": (x @ w, (X, W), None), "bias": (x @ w + b, (X, W, B), None), "gelu": (gelu, (X, W, B), None),
+           "bare-nt": (x @ wt.T, (X, WT), None), "bare-128x128": (x @ w, (X, W), {"WGMMA_TILES": ((128, 128, 8, 1, 64, 4),)}),
+           "gelu-cols8": (gelu, (X, W, B), order(8, "cols")), "gelu-rows16": (gelu, (X, W, B), order(16, "rows")),
+           "gelu-cols4": (gelu, (X, W, B), order(4, "cols")), "bare-cols8": (x @ w, (X, W), order(8, "cols")),
+           "bare-rows16": (x @ w, (X, W), order(16, "rows"))}
+  only = args.only.split(",") if args.only else None
+  if args.ncu: only = ["gelu", "bare"]
+  if only: exprs = {nm: e for nm, e in exprs.items() if nm in only or any(VARIANTS.get(v, ("",))[0] == nm for v in only)}
   kernels = {}   # name: (source, launch sizes, parameters)
-  for name, (t, params, tiles) in exprs.items():
-    kernels[name] = (*kernel_for(t, f"probe_{name.replace('-', '_')}", dev.multiprocessor_count, dev.arch, tiles), params)
+  for name, (t, params, patch) in exprs.items():
+    kernels[name] = (*kernel_for(t, f"probe_{name.replace('-', '_')}", dev.multiprocessor_count, dev.arch, patch), params)
   if not args.ncu:
     for name, (base, _, change) in VARIANTS.items():
+      if base not in kernels: continue
       src, dims, params = kernels[base]
       new = change(src).replace(f"probe_{base}(", f"probe_{name.replace('-', '_')}(")
       assert new != src, f"variant {name} changed nothing"
       kernels[name] = (new, dims, params)
-  if args.only: kernels = {nm: v for nm, v in kernels.items() if nm in args.only.split(",")}
+  if only: kernels = {nm: v for nm, v in kernels.items() if nm in only}
   runs, errs = {}, {}
   refs = {}
   for name, (src, dims, params) in kernels.items():
