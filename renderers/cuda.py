@@ -17,7 +17,7 @@ from runtime.cuda import SELF_CONTAINED
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE, holds_wgmma, wgmma_rules
-from .cuda_tma import PRELUDE as TMA_PRELUDE, holds_tma, tensor_map_decls
+from .cuda_tma import PRELUDE as TMA_PRELUDE, PRODUCER, holds_tma, persistent, tensor_map_decls, tma_rules
 
 # What the kernels without half, bfloat16 or tensor cores use of CUDA's headers, declared here, so that nvcc compiles
 # their translation unit without cuda_runtime.h (runtime/cuda.py: a source that starts with SELF_CONTAINED). That
@@ -214,6 +214,7 @@ class CUDARenderer:
     lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({bounds}){shared}{maps} void', synced_loops=synced,
                    waiting_barriers=waiting, params_after=params_after)
     rules = mma_rules + cuda_rules + cstyle_rules
+    if maps: return persistent(render_kernel(name, linear, tma_rules + wgmma_rules + rules, lang), dims[0][0], threads - PRODUCER)
     return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)
 
   def source(self, kernels: list[str]) -> str:
@@ -221,8 +222,8 @@ class CUDARenderer:
     tensor cores' prelude only where a kernel names what they define; else the few DECLARATIONS above: parsing the
     headers is most of nvcc's time for a small kernel (a first call)."""
     # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
-    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_" in k for k in kernels) else []
-    wgmma += [TMA_PRELUDE] if any("g_wgmma_tma_tile<" in k for k in kernels) else []
+    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_" in k or "g_tma_pipeline<" in k for k in kernels) else []
+    wgmma += [TMA_PRELUDE] if any("g_tma_pipeline<" in k for k in kernels) else []
     heavy = bool(wgmma) or any(_NEEDS_HEADERS.search(k) for k in kernels)
     return "\n".join([*(CUDA.headers if heavy else (DECLARATIONS, PRELUDE)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 
