@@ -7,10 +7,10 @@ Kernels (each lowered here through the CUDA pipeline, not the kernel cache, so e
 run alone and checked against torch): `bare` x @ W, `bias` x @ W + b, `gelu` (x @ W + b).gelu(), as the tree renders
 them; `bare-nt` x @ W.T (B stored along k: wgmma reads it K-major, no transpose); `bare-128x128` x @ W on 128x128 tiles
 (6 slices in flight); `-cols8`, `-rows16`, `-cols4`: blocks in groups of 8 column tiles (16 row tiles, 4 column tiles:
-rules/opt/tensor_core.py BLOCK_GROUP; delivered: 8 rows); `-block-a-tile`: a block per tile (renderers/cuda_tma.py
-PERSISTENT off; delivered: a block a multiprocessor looping over its tiles); then a kernel's source with one change each (VARIANTS: what
-each measures). Each figure: the median over
-7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
+rules/opt/tensor_core.py BLOCK_GROUP; delivered: 8 rows); `-block-a-tile`: a block per tile, `bare-persistent`: a block a
+multiprocessor looping over the tiles (renderers/cuda_tma.py PERSISTENT_SLICES: delivered, persistent where k is at most
+64 slices of 64); then a kernel's source with one change each (VARIANTS: what each measures). Each figure: the median
+over 7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
 interleaved (a clock that drifts moves them alike). torch: `x @ W` (cuBLAS), and eager `gelu(x @ W + b)` with
 approximate="tanh" (cuBLAS, then the add and the GELU as kernels of their own).
 --ncu: launch only the gelu and the bare kernel (probe_gelu, probe_bare) and torch's x @ W once each, for
@@ -57,7 +57,7 @@ VARIANTS = {   # name: (the kernel it changes, what it measures, the change to i
 
 def kernel_for(t, name: str, multiprocessors: int, arch: str, patch: dict | None = None) -> tuple[str, tuple]:
   """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU, with the settings in `patch`
-  where given (rules/opt/tensor_core.py WGMMA_TILES, BLOCK_GROUP; renderers/cuda_tma.py PERSISTENT), and its launch
+  where given (rules/opt/tensor_core.py WGMMA_TILES, BLOCK_GROUP; renderers/cuda_tma.py PERSISTENT_SLICES), and its launch
   sizes."""
   import rules.opt.tensor_core as tc, renderers.cuda_tma as tma
   where = {k: tc if hasattr(tc, k) else tma for k in patch or {}}
@@ -77,7 +77,7 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=4096)
   ap.add_argument("--n", type=int, default=4096)
   ap.add_argument("--only", default="", help="comma-separated kernels (bare, bias, gelu, bare-nt, bare-128x128, the block "
-                  "orders gelu-cols8, gelu-rows16, gelu-cols4, bare-cols8, bare-rows16, gelu-block-a-tile, bare-block-a-tile, and VARIANTS)")
+                  "orders gelu-cols8, gelu-rows16, gelu-cols4, bare-cols8, bare-rows16, gelu-block-a-tile, bare-block-a-tile, bare-persistent, and VARIANTS)")
   ap.add_argument("--ncu", action="store_true", help="launch probe_gelu, probe_bare and torch's x @ W once each, nothing else")
   args = ap.parse_args()
   import torch
@@ -99,7 +99,8 @@ def main() -> None:
            "gelu-cols8": (gelu, (X, W, B), order(8, "cols")), "gelu-rows16": (gelu, (X, W, B), order(16, "rows")),
            "gelu-cols4": (gelu, (X, W, B), order(4, "cols")), "bare-cols8": (x @ w, (X, W), order(8, "cols")),
            "bare-rows16": (x @ w, (X, W), order(16, "rows")),
-           "gelu-block-a-tile": (gelu, (X, W, B), {"PERSISTENT": False}), "bare-block-a-tile": (x @ w, (X, W), {"PERSISTENT": False})}
+           "gelu-block-a-tile": (gelu, (X, W, B), {"PERSISTENT_SLICES": 0}), "bare-block-a-tile": (x @ w, (X, W), {"PERSISTENT_SLICES": 0}),
+           "bare-persistent": (x @ w, (X, W), {"PERSISTENT_SLICES": 1 << 30})}
   only = args.only.split(",") if args.only else None
   if args.ncu: only = ["gelu", "bare"]
   if only: exprs = {nm: e for nm, e in exprs.items() if nm in only or any(VARIANTS.get(v, ("",))[0] == nm for v in only)}

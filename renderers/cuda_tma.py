@@ -17,12 +17,14 @@ slice; the producer waits on `empty` before refilling a slice. No block barrier 
 launched with `__launch_bounds__(threads, 1)`, and `setmaxnreg` gives the producer 40 and the consumers 232 (128
 accumulators of a 128x256 tile and the epilogue).
 
-Persistent (`persistent`, PERSISTENT): the rendered kernel's body runs in a loop over its tiles, `g_tile` from the block
-index on by the grid's size, in two branches: the producer warpgroup's first thread computes each tile's place and
-copies its slices (`g_tma_pipeline::produce`), the consumers compute each tile (`consume`) and its epilogue. The host
-launches at most one block a multiprocessor for a kernel marked `G_PERSISTENT` (runtime/cuda.py), so the producer
-copies the next tile's first slices while the consumers store the last one's, and no block starts or ends between
-tiles. With PERSISTENT off the grid has a block per tile and each loop runs once.
+The rendered kernel's body runs in a loop over its tiles (`persistent`), `g_tile` from the block index on by the grid's
+size, in two branches: the producer warpgroup's first thread computes each tile's place and copies its slices
+(`g_tma_pipeline::produce`), the consumers compute each tile (`consume`) and its epilogue. A tile of at most
+PERSISTENT_SLICES slices of k is persistent: the kernel is marked `G_PERSISTENT` and the host launches at most one block
+a multiprocessor (runtime/cuda.py), so the producer copies the next tile's first slices while the consumers store the
+last one's, and no block starts or ends between tiles. Longer tiles keep a block per tile (each loop runs once), which
+the hardware hands out as multiprocessors free up (H100: 8192x4096 @ 4096x4096 3% faster persistent, 4096^3 the same,
+8192^3 6% slower, the static round of tiles finishing unevenly; docs/design.md).
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
@@ -30,7 +32,7 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 BK = 64            # a slice: 128 bytes of 16-bit k (one swizzled row)
 PRODUCER = 128     # the producer warpgroup's threads
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 x 40 + 256 x 232 <= 65536 registers
-PERSISTENT = True  # a block a multiprocessor, looping over the tiles (else a block per tile; for measuring)
+PERSISTENT_SLICES = 64   # a tile of at most this many slices of k loops in a block a multiprocessor (above: 0, none)
 
 PRELUDE = r"""
 /* a tensor map (the driver's CUtensorMap: 128 opaque bytes), made on the host (runtime/cuda.py) and passed by value;
@@ -126,9 +128,9 @@ def _param(linear: UOp, buf: UOp) -> int:
 
 
 def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
-  """The kernel's head declarations (`G_PERSISTENT`, and `G_TMAP(param, element bytes, inner size, outer size, outer
-  stride, inner box, outer box, offset)` of each tensor map, sizes and offsets in elements) and the maps' parameters,
-  after the buffers."""
+  """The kernel's head declarations (`G_PERSISTENT` where its tiles are short enough, and `G_TMAP(param, element bytes,
+  inner size, outer size, outer stride, inner box, outer box, offset)` of each tensor map, sizes and offsets in
+  elements) and the maps' parameters, after the buffers."""
   m = next(u for u in linear.src if u.op is Ops.MMA and u.arg.tma is not None)
   s, t = m.arg, m.arg.tma
   a, b = (_param(linear, m.src[i].src[0]) for i in (0, 1))
@@ -136,7 +138,8 @@ def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
   maps = [(a, s.k, t.rows, s.lda, BK, s.bm, t.a_offset),
           (b, s.k, t.cols, s.ldb, BK, s.bn, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
   head = "".join(f" G_TMAP({p}, {s.itemsize}, {inner}, {outer}, {ld}, {bi}, {bo}, {off})" for p, inner, outer, ld, bi, bo, off in maps)
-  return (" G_PERSISTENT" if PERSISTENT else "") + head, ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+  maps_params = ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+  return (" G_PERSISTENT" if s.k // BK <= PERSISTENT_SLICES else "") + head, maps_params
 
 
 _MARK = "/* G_TMA "   # the consumer's call carries the pipeline's type and the producer's call for `persistent`

@@ -186,6 +186,9 @@ def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpg
   # persistent: the producer's thread and the consumers each loop over the block's tiles (2048/128 x 4096/256 of them;
   # the host launches at most a block a multiprocessor), the producer copying on into the next tile during the stores
   assert persistent(nn, name) and not persistent(batched, batched.split(" void ")[1].split("(")[0])
+  # a long k (65 slices of 64) keeps a block per tile, the hardware handing them out as multiprocessors free up
+  long = cuda_text(Tensor(np.zeros((2048, 4160), np.float16)) @ Tensor(np.zeros((4160, 4096), np.float16)))
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160>" in long and not persistent(long, long.split(" void ")[1].split("(")[0])
   assert nn.count("for (int g_tile = blockIdx.x; g_tile < 256; g_tile += gridDim.x) {") == 2
   assert nn.index("g_pipe.produce(") < nn.index("g_pipe.consume(") < nn.index("*(half2*)(data0+")
   # the maps, made by the host from the buffers' pointers: A 2048 rows of 512 k in boxes of 64 x 128 rows; B (along j)
