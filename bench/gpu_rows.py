@@ -1,6 +1,7 @@
 """Memory-bound kernels on a GPU (elementwise, a row sum, softmax, layer norm of 16384 x 16384 float32): the rows
-plan's heuristic and variants of it (lanes per row, rows per block and per thread), each compiled and timed on its own
-(best of 5 calls, CUDA events), in GB/s, beside torch eager and torch.compile on the same inputs.
+plan's heuristic and variants of it (runs of 4 floats or single ones, lanes per row, rows per block and per thread),
+each compiled and timed on its own (best of 5 calls, CUDA events), in GB/s, beside torch eager and torch.compile on
+the same inputs.
 
   python3 bench/gpu_rows.py                      # all four
   python3 bench/gpu_rows.py --only softmax --rows 4096
@@ -14,19 +15,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def variants(plan):
-  """The plan with other lanes per row (every lane record together), or other rows per block / per thread."""
+  """The plan without or with runs of 4 floats (`vector(-1, 4)`: floatx4 loads and stores), with other lanes per row
+  (every lane record together), or other rows per block / per thread."""
   from rules.opt import Opt, OptKind, Plan
-  out = []
+  run = Opt(OptKind.VECTOR, -1, 4)
+  out = [("scalar (no vector record)", Plan(tuple(o for o in plan.opts if o != run)))] if run in plan.opts else []
   spread = [o for o in plan.opts if o.kind in (OptKind.LOCAL, OptKind.GROUP) and o.axis >= 0]
   if spread:
     for n in (128, 256, 512, 1024):
-      if n != spread[0].amount: out.append((f"lanes {n}", Plan(tuple(Opt(o.kind, o.axis, n) if o in spread else o for o in plan.opts))))
+      if n != spread[0].amount: out.append((f"lanes {n}", Plan(tuple(Opt(o.kind, o.axis, n) if o in spread else o for o in plan.opts if o != run))))
   else:
     base = [o for o in plan.opts if o.axis >= 0]
-    for rows in (128, 256, 512):
-      for per in (1, 2, 4, 8):
-        out.append((f"{rows} a block, {per} a thread", Plan(tuple(base + [Opt(OptKind.LOCAL, -1, rows)] + ([Opt(OptKind.UPCAST, -1, per)] if per > 1 else [])))))
-  return out
+    for vec in (False, True):
+      for rows in (128, 256, 512):
+        for per in (1, 2, 4, 8):
+          if vec and per == 8: continue
+          out.append((f"{rows} a block, {per} a thread{', runs of 4' if vec else ''}",
+                      Plan(tuple(base + [Opt(OptKind.LOCAL, -1, rows)] + ([Opt(OptKind.UPCAST, -1, per)] if per > 1 else []) + [run] * vec))))
+  return [(label, p) for label, p in out if p.opts != plan.opts]
 
 
 def main():

@@ -13,7 +13,7 @@ multiply-add. This one is a product's tiling (the shape of rules/opt/gpu_tile.py
       s[4][8]: a thread's register tile of 4 query rows x 8 keys (keys 4 consecutive, twice, 32 apart): per d one
         16-byte read of q and two of k for 32 multiply-adds
       s = E(s) * log2(e) (the scores' expression, renderers/attention_c.py `Epilogue`), keys past the end -inf
-      (the loops over d and keys unrolled: every shared address a thread reads is its base and a constant)
+      (the loops over d and keys unrolled UNROLL steps at a time: a thread's shared addresses its base and constants)
       a row's max over its 8 threads (shuffles), m' c p as the online softmax (rules/attention.py), l kept per thread
       (its 8 parts summed at the end), the accumulator row rescaled by c
       (a tile masked for every row of the block, a causal mask's upper tiles, is skipped here: __syncthreads_or)
@@ -38,6 +38,8 @@ from .attention_c import Epilogue, Unsupported, attention_operands, base, LOG2_E
 from .cuda import CUDA
 
 BC = 64              # keys a tile
+UNROLL = 16          # steps of the loops over d and over a tile's keys unrolled at a time: whole (64), nvcc took 1.7 s
+                     # for 32x1024x64 here (a first call waits for it), 16: 0.9 s
 MAX_HEAD = 128       # dot product length and head dimension the register tiles are written for
 SHARED_PER_SM = 227 << 10   # an H100's shared memory per multiprocessor (what a block may take), bytes
 CUDA_TYPES = {dtypes.float32: "float", dtypes.bool: "bool", dtypes.int32: "int"}
@@ -88,9 +90,9 @@ def _stage(name: str, src: str, rows: int, cols: int, row_stride: int, col_strid
   else: where = f"int rr = e / {per_row}, cc = (e % {per_row}) * {step};"
   lines = [f"  #pragma unroll\n  for (int e = threadIdx.x; e < {total}; e += {threads}) {{", f"    {where}", f"    bool in = {limit} > rr;"]
   if vec:
-    lines.append(f"    float4 x = in ? *(const float4*)({src} + (long)rr*{row_stride} + cc) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);")
-    if not transposed: return "\n".join(lines + [f"    *(float4*)({name} + rr*{width} + cc) = x;"]) + "\n  }"
-    vals = ["x.x", "x.y", "x.z", "x.w"]
+    lines.append(f"    floatx4 x = in ? *(const floatx4*)({src} + (long)rr*{row_stride} + cc) : floatx4{{0.0f, 0.0f, 0.0f, 0.0f}};")
+    if not transposed: return "\n".join(lines + [f"    *(floatx4*)({name} + rr*{width} + cc) = x;"]) + "\n  }"
+    vals = [f"x.v[{c}]" for c in range(4)]
   else:
     lines.append(f"    float x = in ? {src}[(long)rr*{row_stride} + (long)cc*{col_stride}] : 0.0f;")
     vals = ["x"]
@@ -163,13 +165,14 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     for (int r = 0; r < {rt}; r++)
       #pragma unroll
       for (int c = 0; c < 8; c++) s[r][c] = 0.0f;
-    #pragma unroll
+    #pragma unroll {UNROLL}
     for (int dd = 0; dd < {dk}; dd++) {{
       float av[{rt}], bv[8];
       #pragma unroll
-      for (int u = 0; u < {rt // 4}; u++) {{ float4 a = *(const float4*)(Qs + dd*{br} + rg*{rt} + u*4); av[u*4] = a.x; av[u*4 + 1] = a.y; av[u*4 + 2] = a.z; av[u*4 + 3] = a.w; }}
-      float4 b0 = *(const float4*)(Ks + dd*{BC} + cg*4), b1 = *(const float4*)(Ks + dd*{BC} + 32 + cg*4);
-      bv[0] = b0.x; bv[1] = b0.y; bv[2] = b0.z; bv[3] = b0.w; bv[4] = b1.x; bv[5] = b1.y; bv[6] = b1.z; bv[7] = b1.w;
+      for (int u = 0; u < {rt // 4}; u++) {{ floatx4 a = *(const floatx4*)(Qs + dd*{br} + rg*{rt} + u*4); av[u*4] = a.v[0]; av[u*4 + 1] = a.v[1]; av[u*4 + 2] = a.v[2]; av[u*4 + 3] = a.v[3]; }}
+      floatx4 b0 = *(const floatx4*)(Ks + dd*{BC} + cg*4), b1 = *(const floatx4*)(Ks + dd*{BC} + 32 + cg*4);
+      #pragma unroll
+      for (int c = 0; c < 4; c++) {{ bv[c] = b0.v[c]; bv[4 + c] = b1.v[c]; }}
       #pragma unroll
       for (int r = 0; r < {rt}; r++)
         #pragma unroll
@@ -204,21 +207,20 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132) -> 
     for (int c = 0; c < 8; c++)
       #pragma unroll
       for (int u = 0; u < {rt // 4}; u++)
-        *(float4*)(Ps + (cg*4 + (c & 3) + (c >> 2)*32)*{pu * 4} + rg*{rt} + u*4) = make_float4(s[u*4][c], s[u*4 + 1][c], s[u*4 + 2][c], s[u*4 + 3][c]);
+        *(floatx4*)(Ps + (cg*4 + (c & 3) + (c >> 2)*32)*{pu * 4} + rg*{rt} + u*4) = floatx4{{s[u*4][c], s[u*4 + 1][c], s[u*4 + 2][c], s[u*4 + 3][c]}};
     __syncthreads();
-    #pragma unroll
+    #pragma unroll {UNROLL}
     for (int jj = 0; jj < {BC}; jj++) {{
       float pv[{rt}];
       #pragma unroll
-      for (int u = 0; u < {rt // 4}; u++) {{ float4 p = *(const float4*)(Ps + jj*{pu * 4} + rg*{rt} + u*4); pv[u*4] = p.x; pv[u*4 + 1] = p.y; pv[u*4 + 2] = p.z; pv[u*4 + 3] = p.w; }}
+      for (int u = 0; u < {rt // 4}; u++) {{ floatx4 p = *(const floatx4*)(Ps + jj*{pu * 4} + rg*{rt} + u*4); pv[u*4] = p.v[0]; pv[u*4 + 1] = p.v[1]; pv[u*4 + 2] = p.v[2]; pv[u*4 + 3] = p.v[3]; }}
       #pragma unroll
       for (int g = 0; g < {groups}; g++) {{
-        float4 w = *(const float4*)(Vs + jj*{vu * 4} + (cg + 8*g)*4);
+        floatx4 w = *(const floatx4*)(Vs + jj*{vu * 4} + (cg + 8*g)*4);
         #pragma unroll
-        for (int r = 0; r < {rt}; r++) {{
-          acc[r][g*4 + 0] += pv[r] * w.x; acc[r][g*4 + 1] += pv[r] * w.y;
-          acc[r][g*4 + 2] += pv[r] * w.z; acc[r][g*4 + 3] += pv[r] * w.w;
-        }}
+        for (int r = 0; r < {rt}; r++)
+          #pragma unroll
+          for (int c = 0; c < 4; c++) acc[r][g*4 + c] += pv[r] * w.v[c];
       }}
     }}
     __syncthreads();

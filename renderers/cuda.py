@@ -39,7 +39,7 @@ DECLARATIONS = SELF_CONTAINED + r"""
 struct __attribute__((device_builtin)) uint3 { unsigned int x, y, z; };
 extern const G_BUILTIN uint3 threadIdx, blockIdx, blockDim;
 extern "C" {
-G_BUILTIN void __syncthreads(void);
+G_BUILTIN void __syncthreads(void); G_BUILTIN int __syncthreads_or(int);
 G_BUILTIN float __int_as_float(int);
 G_BUILTIN unsigned __nvvm_shfl_bfly_sync(unsigned, unsigned, unsigned, unsigned);
 G_BUILTIN float exp2f(float); G_BUILTIN double exp2(double);
@@ -48,6 +48,7 @@ G_BUILTIN float sinf(float); G_BUILTIN double sin(double);
 G_BUILTIN float sqrtf(float); G_BUILTIN double sqrt(double);
 G_BUILTIN float truncf(float); G_BUILTIN double trunc(double);
 G_BUILTIN float fmaf(float, float, float); G_BUILTIN double fma(double, double, double);
+G_BUILTIN float fmaxf(float, float);
 }
 /* v of each lane exchanged with lane ^ o's, a 32-bit word at a time (a warp's 32 lanes) */
 template <class T> __device__ __forceinline__ T __shfl_xor_sync(unsigned mask, T v, int o) {
@@ -62,6 +63,10 @@ template <class T> __device__ __forceinline__ T __shfl_xor_sync(unsigned mask, T
 PRELUDE = r"""
 /* a vector of 4 floats (dtype float32.vec(4)): a shared tile's fill reads 16 bytes at once (rules/opt/pack.py) */
 struct __align__(16) floatx4 { float v[4]; };
+/* the block's shared tiles: dynamic shared memory, as a tile may pass the 48 KiB of static shared memory (the kernel
+   declares its size with G_SHARED(bytes): runtime/cuda.py reads it, raises the function's limit and launches with it) */
+#define G_SHARED(bytes)
+extern __shared__ __align__(128) unsigned char g_dynamic_shared[];
 struct g_op_add { template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct g_op_max {  /* NaN wins, as in numpy */
   template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (b > a || b != b) ? b : a; }
@@ -170,6 +175,9 @@ cuda_rules = PatternMatcher([
   (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{_MAKE_PAIR[v.dtype]}({ctx[v.src[0]]}, {ctx[v.src[1]]})" if v.dtype in _MAKE_PAIR else None),
   # a reciprocal whose value is rounded to 16 bits before it is stored (rules/opt/tensor_core.py)
   (UPat(Ops.RECIP, name="x", arg="approx"), lambda ctx, x: f"g_rcp_approx({ctx[x.src[0]]})", "render_approximate_recip"),
+  # the w values of a vector store (rules/gpu_vector.py): the struct's aggregate initializer
+  (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{ctx.lang.type(v.dtype)}{{{{{', '.join(ctx[s] for s in v.src)}}}}}"
+   if len(v.src) == v.dtype.count else None),
   (UPat(Ops.GEP, name="g", src=(UPat(), UPat(Ops.CONST, name="e"))),
    lambda ctx, g, e: f"({ctx[g.src[0]]}.v[{e.arg}])" if g.src[0].op is not Ops.MMA else None),
   (UPat(Ops.SPECIAL, name="s"), lambda s: {"g": "blockIdx.x", "l": "threadIdx.x"}[s.arg[0][0]], "render_special"),
@@ -228,8 +236,10 @@ class CUDARenderer:
     return "\n".join([*(CUDA.headers if heavy else (DECLARATIONS, PRELUDE)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 
 
-# a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude defines
-_NEEDS_HEADERS = re.compile("|".join(["half", "bfloat16", *sorted(set(re.findall(r"\b[gG]_\w+", MMA_PRELUDE)))]))
+# a kernel that names a half or bfloat16 type or function, or anything the tensor cores' prelude has that the light
+# PRELUDE does not (the dynamic shared memory of tiles is the light one's)
+_NEEDS_HEADERS = re.compile("|".join(["half", "bfloat16", *sorted(set(re.findall(r"\b[gG]_\w+", MMA_PRELUDE))
+                                                                  - set(re.findall(r"\b[gG]_\w+", PRELUDE)))]))
 
 
 renderer = CUDARenderer()

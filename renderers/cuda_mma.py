@@ -67,10 +67,7 @@ __device__ __forceinline__ void g_copy1(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(g_shared_address(dst)), "l"(src));
 }
 template <class T> __device__ __forceinline__ void g_copy1(T* dst, const T* src) { *dst = *src; }
-/* the block's shared tiles: dynamic shared memory, as a tile may pass the 48 KiB of static shared memory (the kernel
-   declares its size with G_SHARED(bytes): runtime/cuda.py reads it, raises the function's limit and launches with it) */
-#define G_SHARED(bytes)
-extern __shared__ __align__(128) unsigned char g_dynamic_shared[];
+/* (the block's dynamic shared memory is declared by renderers/cuda.py's PRELUDE, before this one) */
 /* A's rows LDA apart, each contiguous along k (a matrix) */
 struct g_matrix { static constexpr bool chunked = true; };
 /* A gathered (a convolution's windows): element (row, k) at A + rows(row0 + row) + ks(k); CHUNKED: k's 16-byte chunks

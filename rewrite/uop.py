@@ -23,7 +23,8 @@ class _UOpFields:
   # _topo and _bounds cache walks of the graph under a node; _made, where set, is (maker, inputs): the node is what
   # replaying a recorded composite `maker` over the nodes `inputs` builds (tensor/recorded.py), so a program's key
   # may name it by them instead of walking everything between (runtime/realize.py graph_key)
-  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "_made", "__weakref__")
+  # _loops caches the RANGE nodes at or under a node (UOp.loops)
+  __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "_loops", "_made", "__weakref__")
 
 
 _cache: dict[tuple, weakref.ReferenceType] = {}
@@ -137,25 +138,14 @@ class UOp(_UOpFields):
   def vmin(self): return self._bounds_of()[0]
   @property
   def vmax(self): return self._bounds_of()[1]
-  def _bounds_of(self) -> tuple:
-    try: return _UOpFields._bounds.__get__(self)
-    except AttributeError: pass
-    # fill the cache sources-first, so that no bound is computed recursively, and stop at nodes whose bounds are
-    # known: a node built over bounded ones (a rewrite's new index) costs its own bound, not a walk of its graph
-    get, put = _UOpFields._bounds.__get__, _UOpFields._bounds.__set__
-    stack = [self]
-    while stack:
-      node = stack[-1]
-      try: get(node); stack.pop(); continue
-      except AttributeError: pass
-      missing = []
-      for s in node.src:
-        try: get(s)
-        except AttributeError: missing.append(s)
-      if missing: stack.extend(missing); continue
-      put(node, _bounds(node))
-      stack.pop()
-    return get(self)
+  def _bounds_of(self) -> tuple: return _cached_up(self, _UOpFields._bounds, _bounds)
+
+  @property
+  def loops(self) -> tuple[UOp, ...]:
+    """The RANGE nodes at or under self, in toposort's order. Cached on every node (its sources' loops, then itself if
+    a RANGE), so that asking it of a copy of a graph (an unrolled store, a substituted loop) costs the copy's new
+    nodes, where a walk of toposort costs the whole graph each time."""
+    return _cached_up(self, _UOpFields._loops, _loops)
 
   @property
   def is_const(self) -> bool: return self.op is Ops.CONST
@@ -288,6 +278,34 @@ def _as_dtype_value(dtype: DType, value):
     return int(value)
   if dtype.is_float: return float(value)
   return value
+
+
+def _cached_up(root: UOp, slot, compute) -> Any:
+  """root's value of a per-node cache `slot` whose value is `compute(node)` from its sources' values: filled sources
+  first, so that nothing is computed recursively, and stopping at nodes already known (a node built over known ones,
+  a rewrite's new index say, costs its own value, not a walk of its graph)."""
+  get, put = slot.__get__, slot.__set__
+  try: return get(root)
+  except AttributeError: pass
+  stack = [root]
+  while stack:
+    node = stack[-1]
+    try: get(node); stack.pop(); continue
+    except AttributeError: pass
+    missing = []
+    for s in node.src:
+      try: get(s)
+      except AttributeError: missing.append(s)
+    if missing: stack.extend(missing); continue
+    put(node, compute(node))
+    stack.pop()
+  return get(root)
+
+
+def _loops(u: UOp) -> tuple:
+  own = (u,) if u.op is Ops.RANGE else ()
+  if len(u.src) == 1 and not own: return u.src[0]._loops   # most nodes: share the source's tuple
+  return tuple(dict.fromkeys(r for s in u.src for r in s._loops)) + own if u.src else own
 
 
 def _bounds(u: UOp) -> tuple:

@@ -298,9 +298,12 @@ head_loop_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), split_head_loop)
 # ---- the GPU grid of a fused attention kernel ----
 def lane_loops(sink: UOp) -> list[UOp]:
   """The loop over a row's chunks of keys: the loop of the reductions that combine the chunks' carried states."""
-  carried = set(carried_reductions(sink))
-  return list(dict.fromkeys(r for n in sink.toposort if n.op is Ops.REDUCE and n.arg is not Ops.NOOP
-                            and any(c in carried for c in n.src[0].toposort) for r in n.src[1:]))
+  reads_carried = set(carried_reductions(sink))   # grows, sources first, to every node over a carried reduction
+  lanes: dict[UOp, None] = {}
+  for n in sink.toposort:
+    if n.op is Ops.REDUCE and n.arg is not Ops.NOOP and n.src[0] in reads_carried: lanes.update(dict.fromkeys(n.src[1:]))
+    if any(s in reads_carried for s in n.src): reads_carried.add(n)
+  return list(lanes)
 
 
 def attention_grid_plan(sink: UOp, loops: list[UOp]) -> Plan | None:

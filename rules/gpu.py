@@ -21,7 +21,9 @@ The plan (one type for both devices: rules/opt's `Plan` of `Opt(kind, axis, amou
 (rules/opt/gpu_tile.py) where its sizes divide a tile, else a rows plan (`grid_plan`). A GPU plan holds the GPU's
 kinds: `global(a)` (loop a, what the splitting records leave of it, runs on blocks; several merge row-major), `local(a,
 n)` (n lanes of a block), `group(a, n)` (a reduction loop over n lanes, combined across them), and a rows plan's
-records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread).
+records about the merged rows: `local(-1, R)` (R rows a block), `upcast(-1, E)` (E rows a thread), `vector(-1, 4)` (a
+lane takes runs of 4 consecutive elements, of its row's spread loops or else of the rows: stage opt_grid_vector,
+rules/gpu_vector.py, reads and writes each run as one floatx4).
 
 A **tile plan** also holds the CPU's kinds: `split`/`upcast` (a register tile), `pack(k)` of a reduction loop (its
 slices staged in shared memory, rules/opt/pack.py). Its local records split their loop like upcast ones (stage
@@ -81,6 +83,7 @@ LOOP_THREADS = 512           # lanes per row when the per-lane trips stay a loop
 MULTIPROCESSORS = 132        # SMs of the GPU planned for when the device does not say (an H100 SXM, an H200)
 RESIDENT_THREADS = 2048      # threads an SM holds at once (compute capability 8.0 and later)
 WAVES = 4                    # a grid of fewer blocks than this many full GPUs takes no more rows per thread
+RUN = 4                      # a lane's run of consecutive elements under a rows plan's vector(-1, RUN) record: a floatx4
 
 
 def cdiv(a: int, b: int) -> int: return -(-a // b)
@@ -246,6 +249,9 @@ def lanes_of(plan: Plan) -> int:
 
 def rows_per_block(plan: Plan) -> int: return max((o.amount for o in plan.opts if o.kind is OptKind.LOCAL and o.axis < 0), default=1)
 def rows_per_thread(plan: Plan) -> int: return max((o.amount for o in plan.opts if o.kind is OptKind.UPCAST and o.axis < 0), default=1)
+def run_length(plan: Plan) -> int:
+  """Consecutive elements a lane takes at a time: the amount of a rows plan's `vector(-1, w)` record, else 1."""
+  return max((o.amount for o in plan.opts if o.kind is OptKind.VECTOR and o.axis < 0), default=1)
 def plan_axes(plan: Plan, *kinds: OptKind) -> list[int]: return [o.axis for o in plan.opts if o.kind in kinds and o.axis >= 0]
 
 
@@ -254,7 +260,7 @@ def check_gpu_plan(plan: Plan, loops: list[UOp]) -> None:
   block, `upcast(-1, E)` E rows a thread) or a tile plan (rules/opt's splitting records with local parts: see
   `lay_out_tiles`)."""
   for o in plan.opts:
-    if o.axis >= len(loops) or o.axis < -1 or (o.axis == -1 and o.kind not in (OptKind.LOCAL, OptKind.UPCAST)):
+    if o.axis >= len(loops) or o.axis < -1 or (o.axis == -1 and o.kind not in (OptKind.LOCAL, OptKind.UPCAST, OptKind.VECTOR)):
       raise InvalidGridPlan(f"{o!r} names no loop of this kernel ({len(loops)} loops)")
     if o.kind is OptKind.GLOBAL and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: only an output loop runs on blocks")
   outs = [i for i, r in enumerate(loops) if r.arg[0] == "out"]
@@ -264,6 +270,8 @@ def check_gpu_plan(plan: Plan, loops: list[UOp]) -> None:
   lanes, rows = lanes_of(plan), rows_per_block(plan)
   for o in plan.opts:
     if o.kind is OptKind.UPCAST and not 2 <= o.amount <= UNROLL: raise InvalidGridPlan(f"{o!r}: a thread takes 2 to {UNROLL} rows")
+    if o.kind is OptKind.VECTOR and o.amount != RUN:
+      raise InvalidGridPlan(f"{o!r}: a lane's run is {RUN} consecutive elements (16 bytes of float32: one floatx4)")
     if o.kind is OptKind.GROUP and loops[o.axis].arg[0] == "out": raise InvalidGridPlan(f"{o!r}: only a reduction loop is grouped over lanes")
     if o.kind is OptKind.LOCAL and o.axis >= 0 and loops[o.axis].arg[0] != "out": raise InvalidGridPlan(f"{o!r}: a reduction loop over lanes is a group record")
     if o.kind in (OptKind.LOCAL, OptKind.GROUP) and o.axis >= 0 and o.amount != lanes:
@@ -321,6 +329,18 @@ def thread_rows(n: int, threads: int, multiprocessors: int) -> int:
   return 1
 
 
+def runs_fit(sink: UOp, columns: list[UOp], shared: list[UOp], lanes: int) -> bool:
+  """Whether a lanes-per-row plan takes its elements in runs of RUN (`vector(-1, RUN)`: floatx4 loads and stores,
+  rules/gpu_vector.py): every memory access is of float32, every spread (the columns, each shared reduction's loops)
+  is whole runs of every lane (its size a multiple of lanes x RUN) and unrolled (at most UNROLL a lane: the row in
+  registers), and some load walks memory along a spread by one element (consecutive lanes, consecutive runs)."""
+  groups = [tuple(columns)] * bool(columns) + [red.src[1:] for red in shared]
+  if any(size_of(g) % (lanes * RUN) or size_of(g) > lanes * UNROLL for g in groups): return False
+  accesses = [n for n in sink.toposort if n.op in (Ops.LOAD, Ops.STORE)]
+  if any((n.dtype if n.op is Ops.LOAD else n.src[1].dtype) is not dtypes.float32 for n in accesses): return False
+  return any(lane_access(n.src[0].src[1], g[-1]) == "coalesced" for n in accesses if n.op is Ops.LOAD for g in groups)
+
+
 def gpu_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSORS) -> Plan:
   """The GPU's heuristic: a product's tiles (rules/opt/gpu_tile.py) where they fit, else rows (`grid_plan`)."""
   from .opt.gpu_tile import tile_plan
@@ -354,7 +374,8 @@ def grid_plan(sink: UOp, loops: list[UOp], multiprocessors: int = MULTIPROCESSOR
     spread = [r for r in outs if r not in rows] + [r for red in shared for r in red.src[1:]]
     return Plan((*(Opt(OptKind.GLOBAL, axis[r]) for r in rows),
                  *(Opt(OptKind.LOCAL if r.arg[0] == "out" else OptKind.GROUP, axis[r], lanes) for r in spread),
-                 *((Opt(OptKind.LOCAL, -1, per_block),) if per_block > 1 else ())), "heuristic")
+                 *((Opt(OptKind.LOCAL, -1, per_block),) if per_block > 1 else ()),
+                 *((Opt(OptKind.VECTOR, -1, RUN),) if runs_fit(sink, [r for r in outs if r not in rows], shared, lanes) else ())), "heuristic")
   n = size_of(outs)
   per_block = FLAT_THREADS if n >= FLAT_THREADS else cdiv(n, WARP) * WARP
   per_thread = thread_rows(n, per_block, multiprocessors)
@@ -421,33 +442,39 @@ class GridLayout:
 def lay_out_rows(plan: Plan, sink: UOp, loops: list[UOp]) -> GridLayout:
   """A rows plan: global loops merge into rows (LOCAL(-1, R) of them a block, UPCAST(-1, E) a thread), local and group
   loops are spread over the lanes of a row (a lane takes lane, lane + lanes, ...), sizes that do not divide clamped and
-  gated."""
+  gated. With `vector(-1, w)` a lane takes runs of w consecutive elements instead of single ones (of its row's spread
+  loops where the row has lanes, else of the rows themselves): run j of lane l is elements (j*lanes + l)*w ... + w-1,
+  unrolled like the rest of its trips, so that stage opt_grid_vector reads and writes each run as one vector."""
   ctx = GridLayout()
-  lanes, per_block, per_thread = lanes_of(plan), rows_per_block(plan), rows_per_thread(plan)
+  lanes, per_block, per_thread, w = lanes_of(plan), rows_per_block(plan), rows_per_thread(plan), run_length(plan)
+  rw = w if lanes == 1 else 1   # the rows' own run: a plan with lanes per row runs along its spread loops instead
   rows = [loops[a] for a in plan_axes(plan, OptKind.GLOBAL)]
   nrows = size_of(rows)
-  blocks = cdiv(nrows, per_block * per_thread)
+  blocks = cdiv(nrows, per_block * per_thread * rw)
   (gidx, in_grid), lidx = grid(blocks), special("lidx0", per_block * lanes)
   lane = lidx if per_block == 1 else lidx % lanes
-  # a thread's rows are per_block apart: consecutive threads still take consecutive rows
-  trip = None if per_thread == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, per_thread),), ("out", -1, "rows"))
-  first = gidx if trip is None else gidx * per_thread + trip
+  # a thread's rows are per_block apart (runs of rw, per_block runs apart): consecutive threads still take
+  # consecutive rows
+  trip = None if per_thread * rw == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, per_thread * rw),), ("out", -1, "rows"))
+  first = gidx if per_thread == 1 else gidx * per_thread + (trip if rw == 1 else trip // rw)
   row = first if per_block == 1 else first * per_block + lidx // lanes
+  if rw > 1: row = row * rw + trip % rw
   # a block past the end (of a grid-stride loop's last turn) has rows past the end too
-  row_guard = row < nrows if nrows % (per_block * per_thread) or in_grid is not None else None
+  row_guard = row < nrows if nrows % (per_block * per_thread * rw) or in_grid is not None else None
   if trip is not None: ctx.rows = Spread(nrows, per_block, trip, True, row_guard)
   ctx.index = dict(zip(rows, split(clamped(row, nrows, row_guard), [r.src[0].arg for r in rows])))
   spread = {loops[a] for a in plan_axes(plan, OptKind.LOCAL, OptKind.GROUP)}
   owned = [red.src[1:] for red in sink.toposort if red.op is Ops.REDUCE and set(red.src[1:]) <= spread]
   columns = tuple(r for r in loops if r in spread and r.arg[0] == "out")
   if set(spread) - set(columns) - {r for g in owned for r in g}: raise InvalidGridPlan(f"{plan}: a spread loop is part of no reduction")
+  sw = w if lanes > 1 else 1
   for group in dict.fromkeys([columns, *owned]):
     if not group: continue
     n = size_of(group)
-    trips = cdiv(n, lanes)
+    trips = cdiv(n, lanes * sw) * sw
     trip = None if trips == 1 else UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, trips),), group[0].arg[:2] + ("lanes",))
-    f = lane if trip is None else trip * lanes + lane
-    guard = f < n if n % lanes else None
+    f = lane if trip is None else trip * lanes + lane if sw == 1 else ((trip // sw) * lanes + lane) * sw + trip % sw
+    guard = f < n if n % (lanes * sw) else None
     ctx.index.update(zip(group, split(clamped(f, n, guard), [r.src[0].arg for r in group])))
     s = Spread(n, lanes, trip, trips <= UNROLL, guard)
     if group is columns: ctx.columns = s

@@ -173,8 +173,7 @@ class Program:
       ck = getattr(ck, "kernel", ck)
       if len(idx) != len(ck.args):   # a library call: its operands, the output first
         written.add(idx[0]); read |= set(idx[1:]); continue
-      stored = {n.arg for u in ck.linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL}
-      for slot, i in zip(ck.args, idx): (written if slot in stored else read).add(i)
+      for slot, i in zip(ck.args, idx): (written if slot in ck.stored else read).add(i)
     return written, read
 
   def bind(self, inputs: list) -> tuple[list, list]:

@@ -40,10 +40,11 @@ class CompiledKernel:
   name: str
   device: str
   source: str
-  linear: UOp
+  linear: UOp | None         # the lowered kernel (None for a template: renderers/attention_c.py, attention_cuda.py)
   args: list[int]            # slot numbers the kernel takes, in parameter order
   flops: int
   bytes: int
+  stored: frozenset[int] = frozenset()   # the slots it writes
   program: object = None
   global_size: tuple[int, ...] | None = None   # launch geometry of a device_loops kernel (rules/gpu.py)
   local_size: tuple[int, ...] | None = None
@@ -60,7 +61,10 @@ def kernel_cost(linear: UOp, buffers: list[UOp]) -> tuple[int, int]:
     elif u.op is Ops.END: trips.pop()
     elif u.op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.MULACC) and u.dtype.is_float: flops += trip * u.dtype.count
     elif u.op is Ops.ASSIGN: flops += trip * u.dtype.count
-  return flops, sum(b.arg.size * b.dtype.itemsize for b in buffers)
+  return flops, buffer_bytes(buffers)
+
+
+def buffer_bytes(buffers: list[UOp]) -> int: return sum(b.arg.size * b.dtype.itemsize for b in buffers)
 
 
 # compiled kernels by (normalized kernel, device, pipeline version, the tensor-core switches) and by (name, device); a
@@ -79,25 +83,29 @@ def _multiprocessors(device: str, device_loops: bool) -> int | None:
   except RuntimeError: return None   # CUDAUnavailable: no driver here
 
 
-def tiled_attention(norm: UOp, linear: UOp, body: str, renderer, multiprocessors: int) -> tuple[str, str, tuple | None]:
-  """(source, DEBUG=2 note, launch dims or None): a fused attention kernel as the tiled kernel of its device where it
-  applies (the CPU: renderers/attention_c.py; CUDA: renderers/attention_cuda.py), else the generic stages'
-  row-at-a-time kernel, and the note says why; any other kernel as rendered."""
-  from rules.attention import head_size
-  from renderers.attention_c import Unsupported
-  if head_size(linear) is None: return body, "", None
-  args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+def tiled_attention(norm: UOp, renderer, multiprocessors: int) -> tuple[tuple | None, str]:
+  """((source, launch dims or None, flops, arguments, slot stored), DEBUG=2 note) of a fused attention kernel as the tiled kernel
+  of its device (the CPU: renderers/attention_c.py; CUDA: renderers/attention_cuda.py), asked before the generic
+  stages, which it then makes unneeded (on a GPU they unroll the head's accumulators: most of a first call's
+  lowering); (None, why not) where the tiled kernel cannot address its operands, and (None, "") for any other kernel.
+  Its arguments are every buffer the kernel reads or writes."""
+  from renderers.attention_c import Unsupported, attention_operands, attention_source
+  from rules.attention import OnlineSoftmax
+  if not any(u.op is Ops.REDUCE_AXIS and isinstance(u.arg[0], OnlineSoftmax) for u in norm.toposort): return None, ""
+  args = sorted({u.arg.number for u in norm.toposort if u.op is Ops.BUFFER})
   try:
+    ops = attention_operands(norm, args)
+    flops = 2 * math.prod(ops.batch) * ops.tq * ops.tk * (ops.dk + ops.d)   # its two products
     if not getattr(renderer, "device_loops", False):
-      from renderers.attention_c import attention_source
-      return attention_source(norm, args), "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)", None
+      return (attention_source(norm, args), None, flops, args, ops.out.arg.number), \
+          "attention tiled: query rows x keys in register tiles and vector lanes (renderers/attention_c.py)"
     from renderers.cuda import CUDARenderer
-    if not isinstance(renderer, CUDARenderer): return body, "", None
+    if not isinstance(renderer, CUDARenderer): return None, ""
     from renderers.attention_cuda import attention_cuda_source
     src, (blocks, threads) = attention_cuda_source(norm, args, multiprocessors)
-    return src, "attention tiled: q, k and v tiles in shared memory, 4 rows x 8 keys a thread (renderers/attention_cuda.py)", \
-        ((blocks, 1, 1), (threads, 1, 1))
-  except Unsupported as e: return body, f"attention not tiled: {e}; the row-at-a-time kernel instead", None
+    return (src, ((blocks, 1, 1), (threads, 1, 1)), flops, args, ops.out.arg.number), \
+        "attention tiled: q, k and v tiles in shared memory, 4 rows x 8 keys a thread (renderers/attention_cuda.py)"
+  except Unsupported as e: return None, f"attention not tiled: {e}; the row-at-a-time kernel instead"
 
 
 def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
@@ -108,17 +116,24 @@ def _compile(norm: UOp, buffers: list[UOp], device: str) -> CompiledKernel:
             arch=device_arch(device, Run.arch) if device_loops else Run.arch)   # sm_90: the tensor cores' wgmma
   # per-kernel statistics: collect this kernel's stages (rendering included) apart, then file them under its name
   with viz.scope("kernel") as recorded, stats.collect(level=1) if stats.active else contextlib.nullcontext() as mine:
-    linear = lower_planned(norm, buffers, device, run)
-    body = renderer.render("KERNEL_NAME", linear)
-    body, note, tiled_dims = tiled_attention(norm, linear, body, renderer, run.multiprocessors)
+    tiled, note = tiled_attention(norm, renderer, run.multiprocessors)
+    if tiled is None:
+      linear = lower_planned(norm, buffers, device, run)
+      body = renderer.render("KERNEL_NAME", linear)
+  if tiled is not None:   # a template: no stages, its own launch and cost
+    body, dims, flops, args, out = tiled
+    stored, linear, kind, nbytes = frozenset({out}), None, "r", buffer_bytes(buffers)
+  else:
+    dims = launch_dims(linear) if device_loops else None
+    kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
+    args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
+    stored = frozenset(n.arg for u in linear.src if u.op is Ops.STORE for n in u.src[0].toposort if n.op is Ops.DEFINE_GLOBAL)
+    flops, nbytes = kernel_cost(linear, buffers)
   shape = norm.src[0].src[0].arg.shape
-  kind = "r" if any(u.op in (Ops.REDUCE, Ops.BARRIER) for u in linear.src) else "E"   # BARRIER: a block's reduction
   name = f"{kind}_{'_'.join(map(str, shape)) or 'scalar'}_{hashlib.sha1(body.encode()).hexdigest()[:8]}"
-  args = sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL)
-  flops, nbytes = kernel_cost(linear, buffers)
-  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes,
-                      plan=(str(run.opt.plan) if run.opt else "") + (" [tiled attention]" if note.startswith("attention tiled") else ""), note=note)
-  if device_loops and (dims := tiled_dims or launch_dims(linear)) is not None: ck.global_size, ck.local_size = dims
+  ck = CompiledKernel(name, device, body.replace("KERNEL_NAME", name), linear, args, flops, nbytes, stored=stored,
+                      plan=(str(run.opt.plan) if run.opt else "") + (" [tiled attention]" if tiled is not None else ""), note=note)
+  if dims is not None: ck.global_size, ck.local_size = dims
   recorded.name = name
   recorded.attrs.update(source=ck.source, plan=ck.plan, flops=flops, bytes=nbytes, device=device)
   if stats.active:

@@ -220,6 +220,8 @@ def gpu_neighbours(plan: Plan, sizes: list[int], kinds: list[str]) -> list[Plan]
   if lanes and not any(o.kind in (OptKind.SPLIT, OptKind.PACK) for o in opts):
     for n in (32, 64, 128, 256, 512, 1024):
       out.append(tuple(Opt(p.kind, p.axis, n) if p in lanes else p for p in opts))
+  # a rows plan's runs of 4 floats (rules/gpu.py vector(-1, 4)) are one record fewer above; where it has none, one more
+  if lanes and not any(o.kind in (OptKind.SPLIT, OptKind.PACK, OptKind.VECTOR) for o in opts): out.append(opts + (Opt(OptKind.VECTOR, -1, 4),))
   seen, plans = set(), []
   for p in out:
     if p not in seen: seen.add(p); plans.append(Plan(p, "search"))

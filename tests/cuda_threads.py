@@ -16,8 +16,7 @@ PRELUDE = r"""
 #include <math.h>
 #include <string.h>
 #include <atomic>
-struct float4 { float x, y, z, w; };
-static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct __attribute__((aligned(16))) floatx4 { float v[4]; };
 struct g_dim { unsigned x, y, z; };
 static thread_local g_dim threadIdx, blockIdx;
 static pthread_barrier_t g_barrier;

@@ -384,7 +384,7 @@ def test_on_a_gpu_the_kernel_stages_tiles_in_shared_memory_and_holds_register_ti
   # read with 16-byte loads from the tiles
   assert ck.global_size == (32 * 1024 // 128, 1, 1) and ck.local_size == (256, 1, 1)
   assert "__launch_bounds__(256, 2)" in src and "G_SHARED(" in src and "g_dynamic_shared" in src
-  assert "float s[4][8];" in src and "acc[4][8]" in src and src.count("*(const float4*)(") >= 5
+  assert "float s[4][8];" in src and "acc[4][8]" in src and src.count("*(const floatx4*)(") >= 5
   # k and v tiles of 64 keys, refilled each step (barriers); a row's max over its 8 threads by shuffles; a tile
   # masked for the whole block skipped
   assert "j0 += 64" in src and src.count("__shfl_xor_sync") == 6 and "__syncthreads_or(live)" in src

@@ -92,3 +92,16 @@ def test_a_kernel_that_needs_an_undeclared_function_says_so():
   assert source.startswith(cuda.SELF_CONTAINED)
   if NVCC is None: pytest.skip("nvcc not found")
   with pytest.raises(CompileError, match="cbrtf"): cuda.compile_cuda(source)
+
+
+@needs_nvcc
+def test_the_tiled_attention_kernel_is_self_contained_and_the_same_code_as_with_the_headers(tmp_path, monkeypatch):
+  # renderers/attention_cuda.py: dynamic shared tiles, 16-byte vectors (floatx4), __syncthreads_or, fmaxf
+  monkeypatch.setenv("GRAFT_ATTENTION", "1")   # fused at this size too (by default only where rows fill a GPU)
+  q, k, v = t(2, 96, 64), t(2, 80, 64), t(2, 80, 64)
+  source = renderer.source(kernels_of((q @ k.transpose(-1, -2) / 8).softmax(-1) @ v))
+  assert source.startswith(DECLARATIONS) and "g_dynamic_shared" in source and "__syncthreads_or" in source
+  light_ptx, headers_ptx = ptx(source, tmp_path, headers=False), ptx(source, tmp_path, headers=True)
+  # the same instructions (the two front ends number a few virtual registers in another order)
+  same = lambda ptx: re.sub(r"%[a-z]+\d+", "%r", ptx)
+  assert same(light_ptx) == same(headers_ptx) and "bar.red.or" in light_ptx and "max.f32" in light_ptx

@@ -86,8 +86,7 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       elif u.op is Ops.CARRY: val[u] = next(val[r] for r in val if getattr(r, "op", None) is Ops.REDUCE and r.arg is Ops.NOOP and r.src[0].src[1] is u)
       elif u.op is Ops.NOOP: val[u] = v(u.src[0])
       elif u.op is Ops.GEP: val[u] = v(u.src[0])[..., u.src[1].arg]   # an element of a vector (its last axis)
-      elif u.op is Ops.VECTORIZE:   # a vector of its sources (its last axis)
-        val[u] = np.stack([np.broadcast_to(v(s), shape) for s in u.src], -1).astype(u.dtype.scalar.np)
+      elif u.op is Ops.VECTORIZE: val[u] = np.stack([np.broadcast_to(v(s), shape) for s in u.src], -1)
       elif u.op is Ops.REDUCE: pass  # its value is its accumulator
       elif u.op is Ops.BARRIER:
         (op, lanes), x = u.arg, np.broadcast_to(v(u.src[0]), shape)
@@ -366,3 +365,74 @@ def test_fusion_is_decided_in_schedule_order_whatever_order_the_kernel_rules_fir
 def test_a_split_record_in_a_kernels_plan_is_refused():
   # a split is two kernels, the host stage's record: no kernel's plan may hold one
   with pytest.raises(InvalidPlan, match="a plan holds Opt records"): check_plan(Plan((SplitReduce(1, 4),)), [], device_loops=True)
+
+
+def lowered(t: Tensor, plan: Plan | None = None, multiprocessors: int = MULTIPROCESSORS):
+  """(the plan, the linear kernel) of t's last kernel lowered for a GPU: the heuristic's plan, or `plan`."""
+  kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+  ctx = gpu(multiprocessors=multiprocessors, choose=(lambda sink, loops: plan) if plan is not None else None)
+  run = Run("CPU", parallel=False, device_loops=True, opt=ctx)
+  linear = lower_kernel(normalize(kernels[-1])[0], run)
+  return run.opt.plan, linear
+
+
+def vector_accesses(linear) -> tuple[int, int, int, int]:
+  """(vector loads, vector stores, scalar loads, scalar stores) of global memory in a linear kernel."""
+  glob = lambda x: x.src[0].src[0].op is Ops.DEFINE_GLOBAL
+  loads = [u for u in linear.src if u.op is Ops.LOAD and glob(u)]
+  stores = [u for u in linear.src if u.op is Ops.STORE and glob(u)]
+  return (sum(u.dtype.count == 4 for u in loads), sum(u.src[1].dtype.count == 4 for u in stores),
+          sum(u.dtype.count == 1 for u in loads), sum(u.src[1].dtype.count == 1 for u in stores))
+
+
+@pytest.mark.parametrize("shape, sms", [((8, 2048), 1), ((300, 4096), MULTIPROCESSORS), ((6, 8192), 1)])
+def test_long_rows_are_read_and_written_in_runs_of_four_floats(shape, sms):
+  # issue 23: a softmax or layer norm row held in registers is read once and written once as floatx4 (16 bytes a
+  # lane's access): vector(-1, 4) makes a lane's elements runs of 4, and stage opt_grid_vector reads each run at once
+  x = T(*shape)
+  xn = x.numpy().astype(np.float64)
+  for t, want in ((x.softmax(1), softmax(xn, 1)), (x.layernorm(1), (xn - xn.mean(1, keepdims=True)) / np.sqrt(xn.var(1, keepdims=True) + 1e-5)),
+                  (x.sum(1), xn.sum(1))):
+    plan, linear = lowered(t, multiprocessors=sms)
+    assert Opt(OptKind.VECTOR, -1, 4) in plan.opts, plan
+    vloads, vstores, sloads, sstores = vector_accesses(linear)
+    per_lane = shape[1] // lanes_of(plan)
+    assert (vloads, sloads) == (per_lane // 4, 0)   # the row once, in registers, 16 bytes at a time
+    assert (vstores, sstores) == ((per_lane // 4, 0) if t.shape == shape else (0, 1))
+    np.testing.assert_allclose(run_on_model_gpu(t, multiprocessors=sms)[0], want, rtol=2e-4, atol=2e-4)
+
+
+def test_runs_of_four_where_sizes_do_not_divide_stay_scalar_and_right():
+  # a given vector(-1, 4) on rows and columns that do not divide: indices past the end are clamped, so those reads
+  # and the gated stores stay scalar; where a whole run is in bounds it is one vector; values are numpy's
+  x, y = T(5, 300), T(33, 100)
+  sums = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 128), Opt(OptKind.VECTOR, -1, 4)))
+  flat = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GLOBAL, 1), Opt(OptKind.LOCAL, -1, 256), Opt(OptKind.VECTOR, -1, 4)))
+  even = Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GLOBAL, 1), Opt(OptKind.LOCAL, -1, 64), Opt(OptKind.UPCAST, -1, 2), Opt(OptKind.VECTOR, -1, 4)))
+  for t, plan, want, vectors in ((x.sum(1), sums, x.numpy().sum(1), False), ((y * 2 + 1).relu(), flat, np.maximum(y.numpy() * 2 + 1, 0), False),
+                                 ((x[:, :256] * 2 + 1).relu(), even, np.maximum(x.numpy()[:, :256] * 2 + 1, 0), True)):
+    _, linear = lowered(t, plan)
+    vloads, vstores, _, _ = vector_accesses(linear)
+    assert (vloads > 0, vstores > 0) == (vectors, vectors)
+    out = np.zeros(want.size, np.float32)
+    kernels, _ = schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))
+    bufs = normalize(kernels[-1])[1]
+    run_grid(linear, {0: out, **{i: b.arg.numpy() for i, b in enumerate(bufs) if i}})
+    np.testing.assert_allclose(out.reshape(want.shape), want, rtol=2e-4, atol=2e-4)
+
+
+def test_a_run_that_is_not_16_byte_aligned_stays_scalar():
+  # x[:, 1:] of rows of 4097: a row starts at 4097 * row + 1 floats, so its runs of 4 are not 16-byte aligned and
+  # are read element by element; the output's rows (4096, contiguous) are written a run at a time
+  x = T(64, 4097)
+  t = x[:, 1:].softmax(1)
+  plan, linear = lowered(t)
+  assert Opt(OptKind.VECTOR, -1, 4) in plan.opts and vector_accesses(linear) == (0, 1, 4, 0)
+  np.testing.assert_allclose(run_on_model_gpu(t)[0], softmax(x.numpy()[:, 1:], 1), rtol=2e-4, atol=2e-4)
+
+
+def test_a_vector_record_of_a_rows_plan_is_four_floats():
+  x = T(8, 2048)
+  for bad in (Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 256), Opt(OptKind.VECTOR, -1, 8))),
+              Plan((Opt(OptKind.GLOBAL, 0), Opt(OptKind.GROUP, 1, 256), Opt(OptKind.VECTOR, -1, 2)))):
+    with pytest.raises(InvalidGridPlan, match="floatx4"): lowered(x.sum(1), bad)

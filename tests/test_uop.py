@@ -133,6 +133,16 @@ def test_toposort_orders_sources_first_and_is_the_callers_own():
   assert list(e.toposort) == order and list((e + 1).toposort) == order + [e + 1]   # (the 1 is x + 1's)
 
 
+def test_loops_are_the_range_nodes_below_in_toposort_order():
+  idx = dtypes.index
+  r = [UOp(Ops.RANGE, idx, (UOp.const(idx, n),), ("out", i)) for i, n in enumerate((4, 8, 16))]
+  e = (r[2] * 3 + r[0]) * (r[1] + r[0]) + r[2]
+  assert e.loops == tuple(n for n in e.toposort if n.op is Ops.RANGE) == (r[2], r[0], r[1])
+  assert (r[1] + 1).loops == (r[1],) and UOp.const(idx, 3).loops == ()
+  copy_ = e.replace(src=(e.src[0], r[1]))   # a new node over known ones: its loops from its sources'
+  assert copy_.loops == (r[2], r[0], r[1]) and (copy_.src[0].loops is e.src[0].loops)
+
+
 def test_deep_chain_walks_bounds_and_printing_do_not_recurse():
   e = deep_chain()
   assert len(e.toposort) == DEEP + 2

@@ -52,6 +52,8 @@ def programs():
     [x.sum(1), x.sum(0), x.sum(), x.max(1), x.min(0), x.mean(), x.var(1), x.argmax(1), odd.sum(1), big.sum(1)],
     [x.softmax(1), x.log_softmax(0), x.layernorm(), big.softmax(1), odd.layernorm(), big.layernorm()],
     [x.log_softmax(1), odd.softmax(1), t(300, 7).var(1), t(5, 3).layernorm(), x - x.mean(1, keepdim=True)],
+    # long rows in registers, read and written in runs of 4 floats (floatx4: rules/gpu_vector.py)
+    [(long_rows := t(64, 4096)).softmax(1), long_rows.layernorm(), t(8, 2048).sum(1), t(64, 4097)[:, 1:].softmax(1)],
     [x @ y.T, x[::2, 3:40:3].flip(0).pad(((1, 2), (0, 1))), x.reshape(48, 32).permute(1, 0).contiguous() * 2],
     [img.conv2d(w, padding=1), img.max_pool2d(2), img.avg_pool2d(3)],
     [(att := t(2, 130, 16)) @ att.transpose(-1, -2) / 4, ((att @ att.transpose(-1, -2)).softmax(-1) @ att)],

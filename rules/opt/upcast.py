@@ -23,7 +23,7 @@ def part_kind(r: UOp) -> str | None:
 
 
 def parts_in(u: UOp, kind: str) -> list[UOp]:
-  return [n for n in u.toposort if n.op is Ops.RANGE and part_kind(n) == kind]
+  return [n for n in u.loops if part_kind(n) == kind]
 
 
 def copies(u: UOp, loops: list[UOp]) -> list[UOp]:
