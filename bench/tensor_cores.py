@@ -67,7 +67,7 @@ def main() -> None:
       program, inputs = rr.find_program([(graft_fn(*gt).uop, args.device)])   # the cached program and its input buffers
       kernels = " ".join(ck.name for ck in program.kernels_called()) or "extern"
       sources = [ck.source for ck in program.kernels_called()]
-      tc = "tma" if any("g_wgmma_tma_tile" in k for k in sources) else "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else \
+      tc = "tma" if any("g_tma_pipeline" in k for k in sources) else "wgmma" if any("g_wgmma_tile" in k for k in sources) else "mma" if any("g_mma_tile" in k for k in sources) else \
         "fma" if any("g_fma_tile" in k for k in sources) else "-"
       g = timed(lambda: program.run(inputs), sync)
       call = timed(lambda: graft_fn(*gt).realize(), sync, calls=3, rounds=3)

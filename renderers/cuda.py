@@ -17,7 +17,7 @@ from runtime.cuda import SELF_CONTAINED
 from .cstyle import Language, RenderContext, cstyle_rules, render_kernel, reduce_identity, loop_head
 from .cuda_mma import PRELUDE as MMA_PRELUDE, mma_rules, shared_bytes
 from .cuda_wgmma import PRELUDE as WGMMA_PRELUDE, holds_wgmma, wgmma_rules
-from .cuda_tma import PRELUDE as TMA_PRELUDE, holds_tma, tensor_map_decls
+from .cuda_tma import PRELUDE as TMA_PRELUDE, PRODUCER, holds_tma, persistent, tensor_map_decls, tma_rules
 
 # What the kernels without half, bfloat16 or tensor cores use of CUDA's headers, declared here, so that nvcc compiles
 # their translation unit without cuda_runtime.h (runtime/cuda.py: a source that starts with SELF_CONTAINED). That
@@ -114,6 +114,15 @@ class CUDALanguage(Language):
     # half math goes through float (cuda_fp16.h converts both ways)
     return fn if dt is dtypes.float64 else f"{fn}f"
 
+  def type(self, dt):
+    # a pair of 16-bit values (a tensor-core epilogue's neighbouring columns, rules/opt/tensor_core.py): CUDA's own
+    return _PAIRS.get(dt) or super().type(dt)
+
+
+# the CUDA types of 2 lanes of 16 bits, and how two scalars make one (cuda_fp16.h, cuda_bf16.h)
+_PAIRS = {dtypes.float16.vec(2): "half2", dtypes.bfloat16.vec(2): "__nv_bfloat162"}
+_MAKE_PAIR = {dtypes.float16.vec(2): "__halves2half2", dtypes.bfloat16.vec(2): "__halves2bfloat162"}
+
 
 CUDA = CUDALanguage()
 
@@ -163,6 +172,10 @@ cuda_rules = PatternMatcher([
    lambda ctx, ld, i: f"(*({ctx.lang.type(ld.dtype)}*){ctx[i]})" if ld.dtype.count > 1 else None, "render_vector_load"),
   (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="i"), UPat(name="v"))),
    lambda ctx, i, v: f"*({ctx.lang.type(v.dtype)}*){ctx[i]} = {ctx[v]};" if v.dtype.count > 1 else None, "render_vector_store"),
+  (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{_MAKE_PAIR[v.dtype]}({ctx[v.src[0]]}, {ctx[v.src[1]]})" if v.dtype in _MAKE_PAIR else None,
+   "render_pair"),
+  # a reciprocal whose value is rounded to 16 bits before it is stored (rules/opt/tensor_core.py)
+  (UPat(Ops.RECIP, name="x", arg="approx"), lambda ctx, x: f"g_rcp_approx({ctx[x.src[0]]})", "render_approximate_recip"),
   # the w values of a vector store (rules/gpu_vector.py): the struct's aggregate initializer
   (UPat(Ops.VECTORIZE, name="v"), lambda ctx, v: f"{ctx.lang.type(v.dtype)}{{{{{', '.join(ctx[s] for s in v.src)}}}}}"
    if len(v.src) == v.dtype.count else None, "render_vectorize"),
@@ -210,6 +223,7 @@ class CUDARenderer:
     lang = replace(CUDA, kernel_prefix=f'extern "C" __global__ __launch_bounds__({bounds}){shared}{maps} void', synced_loops=synced,
                    waiting_barriers=waiting, params_after=params_after)
     rules = mma_rules + cuda_rules + cstyle_rules
+    if maps: return persistent(render_kernel(name, linear, tma_rules + wgmma_rules + rules, lang), dims[0][0], threads - PRODUCER)
     return render_kernel(name, linear, wgmma_rules + rules if holds_wgmma(linear) else rules, lang)
 
   def source(self, kernels: list[str]) -> str:
@@ -217,8 +231,8 @@ class CUDARenderer:
     tensor cores' prelude only where a kernel names what they define; else the few DECLARATIONS above: parsing the
     headers is most of nvcc's time for a small kernel (a first call)."""
     # the warpgroup MMA's prelude only where a kernel calls it: its source is then built for sm_90a (runtime/cuda.py)
-    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_" in k for k in kernels) else []
-    wgmma += [TMA_PRELUDE] if any("g_wgmma_tma_tile<" in k for k in kernels) else []
+    wgmma = [WGMMA_PRELUDE] if any("g_wgmma_" in k or "g_tma_pipeline<" in k for k in kernels) else []
+    wgmma += [TMA_PRELUDE] if any("g_tma_pipeline<" in k for k in kernels) else []
     heavy = bool(wgmma) or any(_NEEDS_HEADERS.search(k) for k in kernels)
     return "\n".join([*(CUDA.headers if heavy else (DECLARATIONS, PRELUDE)), *wgmma]) + "\n\n" + "\n\n".join(kernels) + "\n"
 

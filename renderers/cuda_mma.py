@@ -33,6 +33,9 @@ def _mma_op(ctype: str, shape: str, ptx: str) -> str:
 
 
 PRELUDE = r"""
+/* a reciprocal within 1 ulp of float32 (IEEE's 1.0f/x: half an ulp, ~10 instructions more and a branch), for an
+   epilogue whose value is rounded to 16 bits before it is stored (rules/opt/tensor_core.py); subnormals kept */
+__device__ __forceinline__ float g_rcp_approx(float x) { float r; asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 __device__ __forceinline__ unsigned g_shared_address(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void g_cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(g_shared_address(dst)), "l"(src));

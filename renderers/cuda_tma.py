@@ -15,21 +15,31 @@ STAGES slices in flight, each with two mbarriers: `full` (the producer's expecte
 `full`, issues its 4 wgmma as one group, retires the group before (`wgmma.wait_group 1`) and releases that one's
 slice; the producer waits on `empty` before refilling a slice. No block barrier in the loop. Registers: the kernel is
 launched with `__launch_bounds__(threads, 1)`, and `setmaxnreg` gives the producer 40 and the consumers 232 (128
-accumulators of a 128x256 tile and the epilogue). The producer's threads then end (`exit`): the epilogue after the
-call is the consumers' alone.
+accumulators of a 128x256 tile and the epilogue).
+
+The rendered kernel's body runs in a loop over its tiles (`persistent`), `g_tile` from the block index on by the grid's
+size, in two branches: the producer warpgroup's first thread computes each tile's place and copies its slices
+(`g_tma_pipeline::produce`), the consumers compute each tile (`consume`) and its epilogue. A tile of at most
+PERSISTENT_SLICES slices of k is persistent: the kernel is marked `G_PERSISTENT` and the host launches at most one block
+a multiprocessor (runtime/cuda.py), so the producer copies the next tile's first slices while the consumers store the
+last one's, and no block starts or ends between tiles. Longer tiles keep a block per tile (each loop runs once), which
+the hardware hands out as multiprocessors free up (H100: 8192x4096 @ 4096x4096 3% faster persistent, 4096^3 the same,
+8192^3 6% slower, the static round of tiles finishing unevenly; docs/design.md).
 """
 from __future__ import annotations
-from rewrite import UOp, Ops, dtypes
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
 BK = 64            # a slice: 128 bytes of 16-bit k (one swizzled row)
 PRODUCER = 128     # the producer warpgroup's threads
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 x 40 + 256 x 232 <= 65536 registers
+PERSISTENT_SLICES = 64   # a tile of at most this many slices of k loops in a block a multiprocessor (above: 0, none)
 
 PRELUDE = r"""
 /* a tensor map (the driver's CUtensorMap: 128 opaque bytes), made on the host (runtime/cuda.py) and passed by value;
    G_TMAP(...) before a kernel's name declares one for the host (see runtime/cuda.py tensor_maps) */
 struct __align__(64) g_tensor_map { unsigned long long opaque[16]; };
 #define G_TMAP(...)
+#define G_PERSISTENT
 __device__ __forceinline__ void g_mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }
@@ -49,60 +59,63 @@ __device__ __forceinline__ void g_tma_load(unsigned dst, const g_tensor_map& map
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                :: "r"(dst), "l"(&map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
-/* one block's BM x BN product tile, its operands copied by TMA: acc[e] of each consumer lane, laid out as
-   g_wgmma_tile's (renderers/cuda_tma.py); the producer's threads do not return */
-template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K>
-__device__ __forceinline__ void g_wgmma_tma_tile(float* acc, const g_tensor_map& ta, const g_tensor_map& tb, int row0, int col0) {
-  constexpr int BK = 64, KSTEP = 16, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
-  constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+/* the TMA pipeline of a block that computes BM x BN product tiles one after the other (renderers/cuda_tma.py): the
+   producer thread's `produce` copies a tile's slices, each consumer's `consume` computes its accumulators acc[e]
+   (laid out as g_wgmma_tile's); each keeps its place in the ring of STAGES slices from tile to tile */
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K> struct g_tma_pipeline {
+  static constexpr int BK = 64, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
+  static constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
   static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 2, "tile sizes");
-  const unsigned raw = g_shared_address(g_dynamic_shared), base = (raw + 1023u) & ~1023u;
-  const unsigned bars = base + STAGES * STAGE;   /* full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
-  const int tid = threadIdx.x;
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CONSUMERS / 32); }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   /* the inits, seen by the copy engine */
+  unsigned base, bars;   /* the slices (1024-byte aligned); full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
+  int stage = 0;
+  unsigned phase = 0;
+  __device__ __forceinline__ g_tma_pipeline() {
+    const unsigned raw = g_shared_address(g_dynamic_shared);
+    base = (raw + 1023u) & ~1023u;
+    bars = base + STAGES * STAGE;
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CONSUMERS / 32); }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   /* the inits, seen by the copy engine */
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  if (tid >= CONSUMERS) {   /* the producer warpgroup: one thread issues every copy */
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(""" + str(PRODUCER_REGS) + r"""));
-    if (tid == CONSUMERS) {
-      for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % STAGES;
-        if (kt >= STAGES) g_mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) + 1) & 1);   /* its last readers are done */
-        const unsigned sa = base + s * STAGE, sb = sa + A_BYTES, full = bars + 8 * s;
-        g_mbar_expect(full, STAGE);
-        g_tma_load(sa, ta, kt * BK, row0, full);
-        if (B_ALONG_K) g_tma_load(sb, tb, kt * BK, col0, full);
-        else {
+  __device__ __forceinline__ void next() { if (++stage == STAGES) { stage = 0; phase ^= 1; } }
+  /* (the producer thread) the tile at (row0, col0): each slice once its last readers released it */
+  __device__ __forceinline__ void produce(const g_tensor_map& ta, const g_tensor_map& tb, int row0, int col0) {
+    for (int kt = 0; kt < KT; kt++, next()) {
+      g_mbar_wait(bars + 8 * (STAGES + stage), phase ^ 1);   /* (a fresh barrier's phase before the first has "completed") */
+      const unsigned sa = base + stage * STAGE, sb = sa + A_BYTES, full = bars + 8 * stage;
+      g_mbar_expect(full, STAGE);
+      g_tma_load(sa, ta, kt * BK, row0, full);
+      if (B_ALONG_K) g_tma_load(sb, tb, kt * BK, col0, full);
+      else {
 #pragma unroll
-          for (int c = 0; c < BN / 64; c++) g_tma_load(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full);
-        }
+        for (int c = 0; c < BN / 64; c++) g_tma_load(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full);
       }
     }
-    asm volatile("exit;\n" ::: "memory");
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(""" + str(CONSUMER_REGS) + r"""));
-    const int wg = tid >> 7;
+  }
+  /* (each consumer thread) its accumulators of the next tile; every slice it read released when it returns */
+  __device__ __forceinline__ void consume(float* acc) {
+    const int tid = threadIdx.x, wg = tid >> 7;
 #pragma unroll
     for (int e = 0; e < REGS; e++) acc[e] = 0.0f;
-    for (int kt = 0; kt < KT; kt++) {
-      const int s = kt % STAGES;
-      g_mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
-      const unsigned sa = base + s * STAGE, sb = sa + A_BYTES;
-      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+    int last = 0;
+    for (int kt = 0; kt < KT; kt++, next()) {
+      g_mbar_wait(bars + 8 * stage, phase);
+      const unsigned sa = base + stage * STAGE, sb = sa + A_BYTES;
+      g_wgmma_slice<T, BN, B_ALONG_K>(acc, sa + wg * 64 * 128, sb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      g_wgmma_wait<1>();   /* group kt - 1 is done: its slice goes back to the producer */
-      if (kt > 0 && (tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+      g_wgmma_wait<1>();   /* the group before is done: its slice goes back to the producer */
+      if (kt > 0 && (tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + last));
+      last = stage;
     }
     g_wgmma_wait<0>();
+    if ((tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + last));
   }
-}
+};
+/* the producer warpgroup's and the consumers' registers (setmaxnreg, under __launch_bounds__(threads, 1)) */
+__device__ __forceinline__ void g_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(""" + str(PRODUCER_REGS) + r""")); }
+__device__ __forceinline__ void g_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(""" + str(CONSUMER_REGS) + r""")); }
 """
 
 
@@ -115,8 +128,9 @@ def _param(linear: UOp, buf: UOp) -> int:
 
 
 def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
-  """The kernel's head declarations of its tensor maps (`G_TMAP(param, element bytes, inner size, outer size, outer
-  stride, inner box, outer box, offset)`, sizes and offsets in elements) and their parameters, after the buffers."""
+  """The kernel's head declarations (`G_PERSISTENT` where its tiles are short enough, and `G_TMAP(param, element bytes,
+  inner size, outer size, outer stride, inner box, outer box, offset)` of each tensor map, sizes and offsets in
+  elements) and the maps' parameters, after the buffers."""
   m = next(u for u in linear.src if u.op is Ops.MMA and u.arg.tma is not None)
   s, t = m.arg, m.arg.tma
   a, b = (_param(linear, m.src[i].src[0]) for i in (0, 1))
@@ -124,14 +138,43 @@ def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
   maps = [(a, s.k, t.rows, s.lda, BK, s.bm, t.a_offset),
           (b, s.k, t.cols, s.ldb, BK, s.bn, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
   head = "".join(f" G_TMAP({p}, {s.itemsize}, {inner}, {outer}, {ld}, {bi}, {bo}, {off})" for p, inner, outer, ld, bi, bo, off in maps)
-  return head, ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+  maps_params = ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+  return (" G_PERSISTENT" if s.k // BK <= PERSISTENT_SLICES else "") + head, maps_params
+
+
+_MARK = "/* G_TMA "   # the consumer's call carries the pipeline's type and the producer's call for `persistent`
 
 
 def render_tma(ctx, m: UOp) -> str:
-  """The tile's call: its accumulators, the two maps, the tile's first row and column (the MMA's third and fourth
-  sources)."""
+  """The consumers' call (`persistent` then gives the producer its own): the tile's accumulators; the two maps and the
+  tile's first row and column (the MMA's third and fourth sources) go to the producer's."""
   s = m.arg
   t = ctx.lang.type(getattr(dtypes, s.dtype))
-  args = f"{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}"
-  return (f"float {ctx.names[m]}[{s.regs}];\n"
-          f"g_wgmma_tma_tile<{args}>({ctx.names[m]}, g_map_a, g_map_b, {ctx[m.src[2]]}, {ctx[m.src[3]]});")
+  pipe = f"g_tma_pipeline<{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}>"
+  produce = f"g_pipe.produce(g_map_a, g_map_b, {ctx[m.src[2]]}, {ctx[m.src[3]]});"
+  return f"float {ctx.names[m]}[{s.regs}];\ng_pipe.consume({ctx.names[m]});   {_MARK}{pipe} | {produce} */"
+
+
+def persistent(kernel: str, tiles: int, consumers: int) -> str:
+  """The rendered kernel with its body run for each of its `tiles` tiles in turn (the graph's block index: blockIdx.x,
+  then gridDim.x further; runtime/cuda.py launches at most one block a multiprocessor, `G_PERSISTENT`), as one if/else
+  of the producer warpgroup (its first thread copies every tile's slices, the body up to the product computing the
+  tile's place) and the consumers (the whole body: the product, then the epilogue's stores, while the producer copies
+  the next tile's first slices)."""
+  lines = kernel.split("\n")
+  at = next(i for i, ln in enumerate(lines) if _MARK in ln)
+  call, mark = lines[at].split(_MARK)
+  pipe, produce = mark.removesuffix(" */").split(" | ")
+  head, prologue, declare, epilogue = lines[0], lines[1:at - 1], lines[at - 1], lines[at + 1:-1]
+  loop = f"for (int g_tile = blockIdx.x; g_tile < {tiles}; g_tile += gridDim.x) {{"
+  indent = lambda block, n: ["  " * n + ln for ln in block]
+  return "\n".join([head, f"  {pipe} g_pipe;", f"  if (threadIdx.x >= {consumers}) {{", "    g_producer_registers();",
+                    f"    if (threadIdx.x == {consumers}) {loop}", *indent(prologue, 2), f"      {produce}", "    }",
+                    "  } else {", "    g_consumer_registers();", f"    {loop}", *indent(prologue, 2), *indent([declare, call.rstrip()], 2),
+                    *indent(epilogue, 2), "    }", "  }", "}"])
+
+
+# (before the CUDA renderer's own rules, in a kernel on TMA) the graph's block index is the tile the loop is at
+tma_rules = PatternMatcher([
+  (UPat(Ops.SPECIAL, name="s"), lambda s: "g_tile" if s.arg[0][0] == "g" else None, "render_tma_tile"),
+], name="render.cuda_tma")

@@ -113,6 +113,17 @@ __device__ __forceinline__ void g_wgmma_hold(const unsigned (&f)[4][4], const vo
                   "r"(f[2][0]), "r"(f[2][1]), "r"(f[2][2]), "r"(f[2][3]), "r"(f[3][0]), "r"(f[3][1]), "r"(f[3][2]), "r"(f[3][3]),
                   "l"(never_one), "r"(to) : "memory");
 }
+/* a warpgroup's 4 wgmma (k16 each) over one 16-bit slice of 64 along k: its 64 rows of A's tile at sa (K-major), B's
+   tile at sb (K-major, or MN-major in blocks of 64 columns 8 KiB apart); not committed (the caller commits the group) */
+template <class T, int BN, bool B_ALONG_K>
+__device__ __forceinline__ void g_wgmma_slice(float* acc, unsigned sa, unsigned sb) {
+  const unsigned long long da = g_wgmma_desc(sa, 16, 1024);
+  const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, 64 * 128, 1024);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)   /* the start address field counts 16 bytes: A's and a K-major B's step is 32 bytes, an MN-major B's 16 rows of 128 */
+    g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * 128));
+}
 /* one block's BM x BN product tile on wgmma: acc[e] of each lane (see renderers/cuda_wgmma.py) */
 template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, long long LDA, long long LDB, class G = g_matrix>
 __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A, const T* __restrict__ B, G gather = G()) {
@@ -198,12 +209,7 @@ __device__ __forceinline__ void g_wgmma_tile(float* acc, const T* __restrict__ A
 #pragma unroll
       for (int kk = 0; kk < BK / KSTEP; kk++) g_wgmma_rs<N>::run(acc, frag[kk], dx + kk * 2);
     } else {
-      const unsigned long long da = g_wgmma_desc(sa + wg * 64 * 128, 16, 1024);
-      const unsigned long long db = B_ALONG_K ? g_wgmma_desc(sb, 16, 1024) : g_wgmma_desc(sb, BK * 128, 1024);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-      for (int kk = 0; kk < BK / KSTEP; kk++)   /* the start address field counts 16 bytes */
-        g_wgmma_op<T, BN>::template run<B_ALONG_K ? 0 : 1>(acc, da + kk * 2, db + (B_ALONG_K ? kk * 2 : kk * KSTEP * 8));
+      g_wgmma_slice<T, BN, B_ALONG_K>(acc, sa + wg * 64 * 128, sb);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     /* while the tensor cores work: the copies of slice kt + AHEAD, into the stage slice kt - 2 left (kt - 1: gathered) */

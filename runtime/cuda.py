@@ -321,6 +321,13 @@ class TensorMapDecl:
   offset: int
 
 
+def persistent(source: str, name: str) -> bool:
+  """Whether kernel `name` loops over its grid's blocks itself (`G_PERSISTENT` before its name: renderers/cuda_tma.py),
+  so that a launch of one block a multiprocessor does all its work."""
+  m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
+  return bool(m and re.search(r"\bG_PERSISTENT\b", m.group(1)))
+
+
 def tensor_maps(source: str, name: str) -> list[TensorMapDecl]:
   """The tensor maps kernel `name` declares with `G_TMAP(...)` before its name, in order."""
   m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
@@ -413,10 +420,11 @@ def _check_dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, 
 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
-  __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared", "maps", "made_maps")
+  __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared", "maps", "made_maps",
+               "max_blocks")
 
   def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0,
-               maps: Sequence[TensorMapDecl] = ()):
+               maps: Sequence[TensorMapDecl] = (), persistent: bool = False):
     # the tensor maps (the last parameters) are no arguments of the call: each launch makes them from its pointers
     n = len(params) - len(maps)
     if params[n:] != ["CUtensorMap"] * len(maps) or "CUtensorMap" in params[:n]:
@@ -427,6 +435,7 @@ class CUDAProgram:
     self.pointer_types = [_ffi.typeof(f"{t} *") for t in self.params]   # each launch stores its arguments as these
     self.param_array = _ffi.typeof("void *[]")                        # and points at them from one of these
     self.shared = shared   # bytes of dynamic shared memory each launch gets
+    self.max_blocks = device.multiprocessor_count if persistent else 0   # (a kernel that loops over its blocks)
     if shared > _STATIC_SHARED_LIMIT:
       check("cuFuncSetAttribute", _lib.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
             f"kernel {name} asks for {shared} bytes of dynamic shared memory")
@@ -436,7 +445,7 @@ class CUDAProgram:
     """Launch on grid `global_size` (blocks) of blocks `local_size` (threads). With wait=True, block until the kernel
     is done and return its time in seconds, measured with CUDA events; else return None at once."""
     params, _values = self.pack(args)   # _values: what params points at, alive until the launch has read it
-    grid, block = _dims(global_size, "global_size"), _dims(local_size, "local_size")
+    grid, block = self.grid(global_size), _dims(local_size, "local_size")
     self.device.activate()
     if not wait:
       self._launch(grid, block, params)
@@ -457,6 +466,11 @@ class CUDAProgram:
         _lib.cuEventDestroy_v2(end[0])
     finally:
       _lib.cuEventDestroy_v2(start[0])
+
+  def grid(self, global_size: int | Sequence[int] | None) -> tuple[int, int, int]:
+    """The grid a launch of `global_size` blocks takes: at most one block a multiprocessor for a persistent kernel."""
+    dims = _dims(global_size, "global_size")
+    return (self.max_blocks, *dims[1:]) if 0 < self.max_blocks < dims[0] else dims
 
   def pack(self, args: Sequence[int | float]) -> tuple[Any, list]:
     """kernelParams for `args`: an array of pointers, each to one argument's value stored in its parameter's C type;
@@ -506,7 +520,7 @@ class CUDAGraph:
 
   def __init__(self, device: CUDADevice, launches: Sequence[tuple[CUDAProgram, Sequence[int | float], Any, Any]]):
     self.device, self.graph, self.exec = device, None, None
-    self.launches = [(prog, _dims(g, "global_size"), _dims(l, "local_size")) for prog, _, g, l in launches]
+    self.launches = [(prog, prog.grid(g), _dims(l, "local_size")) for prog, _, g, l in launches]
     device.activate()
     graph = _ffi.new("CUgraph *")
     _call("cuGraphCreate", graph, 0)
@@ -617,7 +631,8 @@ class CUDADevice(Device):
         raise CompileError(f"kernel {n!r} is not in {path} (source {path.with_suffix('.cu')}); is it declared "
                            f"extern \"C\" __global__?")
       check("cuModuleGetFunction", code)
-      progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n), tensor_maps(source, n))
+      progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n), tensor_maps(source, n),
+                             persistent(source, n))
     return progs
 
   def _module(self, path: Path) -> Any:

@@ -58,7 +58,21 @@ def test_the_epilogue_is_applied_to_each_accumulator_before_its_store():
   x, w, b = Tensor(normal(128, 64)), Tensor(normal(64, 128)), Tensor(normal(128))
   src = cuda_text((x @ w + b).gelu())
   regs = TileSpec("float16", 64, 64, 2, 2, 32, 3, False, 64, 64, 128).regs
-  assert src.count("exp2f(") == regs and src.count("*(data0+") == regs   # one activation and one store per accumulator
+  assert src.count("exp2f(") == regs   # one activation per accumulator
+  # a lane's two neighbouring columns stored together (4 bytes), and the sigmoid's reciprocal approximate: the value is
+  # rounded to 16 bits before it is stored
+  assert src.count("*(half2*)(data0+") == regs // 2 and src.count("*(data0+") == 0
+  assert src.count("g_rcp_approx(") == regs and "(1.0f/" not in src
+
+
+def test_a_float32_epilogue_keeps_its_stores_and_an_ieee_reciprocal():
+  x, w = Tensor(normal(128, 64)), Tensor(normal(64, 128))
+  src = cuda_text((x @ w).float().sigmoid())   # stored as float32: nothing rounds the reciprocal's error away
+  regs = TileSpec("float16", 64, 64, 2, 2, 32, 3, False, 64, 64, 128).regs
+  assert "g_mma_tile<" in src and src.count("*(data0+") == regs and src.count("(1.0f/") == regs
+  assert "g_rcp_approx" not in src and "half2" not in src
+  xb, wb = (Tensor(normal(*s, dtype=np.float32), dtype="bfloat16") for s in ((128, 64), (64, 128)))
+  assert cuda_text((xb @ wb).relu()).count("__halves2bfloat162(") == regs // 2
 
 
 def test_the_plan_is_recorded_as_tensor_core_records():
@@ -146,7 +160,7 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   name = batched.split(" void ")[1].split("(")[0]
   assert "__launch_bounds__(256)" in batched and dynamic_shared_bytes(batched, name) == 4 * (128 + 128) * 64 * 2 + 1024
   regs = TileSpec("float16", 128, 256, 8, 1, 64, 4, False, 512, 512, 4096, True).regs
-  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(data0+") == regs   # the epilogue per accumulator
+  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(half2*)(data0+") == regs // 2   # the epilogue per accumulator
   source = renderer.source([batched, bf16])
   for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
@@ -160,15 +174,23 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
 
 def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpgroup():
   from renderers.cuda import renderer
-  from runtime.cuda import TensorMapDecl, dynamic_shared_bytes, kernel_params, tensor_maps
+  from runtime.cuda import TensorMapDecl, dynamic_shared_bytes, kernel_params, persistent, tensor_maps
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
   # 2 consumer warpgroups and the producer's; 4 slices of 128x256 (6 of 128x128) and their two mbarriers each
-  assert "g_wgmma_tma_tile<half, 128, 256, 4, false, 512>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
-  assert "g_wgmma_tma_tile<half, 128, 256, 4, true, 512>" in nt                                        # B along k
-  assert "g_wgmma_tma_tile<__nv_bfloat16, 128, 128, 6, false, 256>" in bf16   # 128x256 gives 72 blocks: 128x128
-  assert "g_wgmma_tma_tile<" in gelu and "g_wgmma_tma_tile<" not in batched   # (a batch: cp.async)
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 512>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
+  assert "g_tma_pipeline<half, 128, 256, 4, true, 512>" in nt                                        # B along k
+  assert "g_tma_pipeline<__nv_bfloat16, 128, 128, 6, false, 256>" in bf16   # 128x256 gives 72 blocks: 128x128
+  assert "g_tma_pipeline<" in gelu and "g_tma_pipeline<" not in batched   # (a batch: cp.async)
   name = nn.split(" void ")[1].split("(")[0]
   assert dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024 + 4 * 16
+  # persistent: the producer's thread and the consumers each loop over the block's tiles (2048/128 x 4096/256 of them;
+  # the host launches at most a block a multiprocessor), the producer copying on into the next tile during the stores
+  assert persistent(nn, name) and not persistent(batched, batched.split(" void ")[1].split("(")[0])
+  # a long k (65 slices of 64) keeps a block per tile, the hardware handing them out as multiprocessors free up
+  long = cuda_text(Tensor(np.zeros((2048, 4160), np.float16)) @ Tensor(np.zeros((4160, 4096), np.float16)))
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160>" in long and not persistent(long, long.split(" void ")[1].split("(")[0])
+  assert nn.count("for (int g_tile = blockIdx.x; g_tile < 256; g_tile += gridDim.x) {") == 2
+  assert nn.index("g_pipe.produce(") < nn.index("g_pipe.consume(") < nn.index("*(half2*)(data0+")
   # the maps, made by the host from the buffers' pointers: A 2048 rows of 512 k in boxes of 64 x 128 rows; B (along j)
   # 512 rows of 4096 columns in boxes of 64 x 64; B along k, 4096 rows of 512 k in boxes of 64 x 256
   assert tensor_maps(nn, name) == [TensorMapDecl(1, 2, 512, 2048, 512, 64, 128, 0), TensorMapDecl(2, 2, 4096, 512, 4096, 64, 64, 0)]
@@ -179,7 +201,7 @@ def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpg
                  "mbarrier.arrive.expect_tx", "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32",
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"):
     assert needle in source, needle
-  assert "cp.async.cg" not in source.split("g_wgmma_tma_tile")[1]   # (the TMA template copies nothing itself)
+  assert "cp.async.cg" not in source.split("g_tma_pipeline")[1]   # (the TMA template copies nothing itself)
   # an offset view keeps TMA where its start is a whole number of 16 bytes, its offset in the map
   x, w = Tensor(normal(2056, 512)), Tensor(normal(512, 4096))
   shifted = cuda_text(x[8:] @ w)
@@ -205,9 +227,9 @@ def test_changing_a_tensor_core_switch_between_calls_never_reuses_the_kernel_of_
   lowered, lower = [], rr._lower
   monkeypatch.setattr(rr, "_lower", lambda *a, **kw: lowered.append(lower(*a, **kw)) or lowered[-1])
   product = lambda: Tensor(normal(2048, 512)) @ Tensor(normal(512, 4096))
-  assert "g_wgmma_tma_tile<" in cuda_text(product())
+  assert "g_tma_pipeline<" in cuda_text(product())
   monkeypatch.setattr(rr, "_kernels", dict(lowered[-1].new))   # published, as a build on a GPU publishes them
-  assert "g_wgmma_tma_tile<" in cuda_text(product()) and not lowered[-1].new   # the same switches: the kernel reused
+  assert "g_tma_pipeline<" in cuda_text(product()) and not lowered[-1].new   # the same switches: the kernel reused
   monkeypatch.setenv("GRAFT_TC_TILE", "128,256,2,4,32,4")
   assert "g_mma_tile<half, 128, 256, 32, 2, 4, 4," in cuda_text(product())
   monkeypatch.delenv("GRAFT_TC_TILE")
@@ -260,10 +282,10 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
                conv_case(np.float32, stride=2, padding=0, hw=(17, 17))[0], conv_case(np.float16, stride=2, hw=(15, 15))[0]]
   sources = [p.kernel_sources(device="CUDA") for p in programs] + [strict]
   # (a float32 product: also its split reduction's kernels)
-  assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_wgmma_tma_tile<", "g_fma_tile<") for k in ks) for ks in sources)
+  assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_tma_pipeline<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
   assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
-  assert sum("g_wgmma_tma_tile<" in k for k in kernels) == 5
+  assert sum("g_tma_pipeline<" in k for k in kernels) == 5
   assert sum("g_wgmma_tile<float," in k for k in kernels) == 3   # (x @ W: the transposed product, B in registers)
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
@@ -628,7 +650,7 @@ def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
   ta, tw = Tensor(a, dtype=dtype, device="CUDA"), Tensor(w, dtype=dtype, device="CUDA")
   out = ta @ (tw.T if transposed else tw)
-  assert "g_wgmma_tma_tile" in cuda_text(out)   # (a matrix product: its tiles copied by TMA)
+  assert "g_tma_pipeline" in cuda_text(out)   # (a matrix product: its tiles copied by TMA)
   a, w = ta.numpy().astype(np.float32), tw.numpy().astype(np.float32)   # the rounded operands
   want = a @ (w.T if transposed else w)
   assert rel_err(out.numpy().astype(np.float32), want) < (2e-3 if dtype == "float16" else 1e-2)   # one rounding of a float32 sum
@@ -647,13 +669,14 @@ def test_tma_tiles_follow_new_inputs_on_a_warm_call_and_an_offset_view_on_the_gp
   got1 = first.numpy().astype(np.float32)
   program = last_program()
   got2 = second.numpy().astype(np.float32)
-  assert last_program() is program and any("g_wgmma_tma_tile" in ck.source for ck in program.kernels_called())
+  (ck,) = [ck for ck in program.kernels_called() if "g_tma_pipeline" in ck.source]
+  assert last_program() is program and ck.program.grid(ck.global_size) == (gpu.multiprocessor_count, 1, 1)   # persistent
   assert_allclose(got1, want1, rtol=2e-2, atol=2e-2)
   assert_allclose(got2, want2, rtol=2e-2, atol=2e-2)
   assert rel_err(got2, want1) > 0.1   # (the answers differ: the second is not the first's)
   x, w = normal(2056, 512, seed=5), normal(512, 4096, seed=6)
   out = Tensor(x, device="CUDA")[8:] @ Tensor(w, device="CUDA")   # A's map starts 8 rows into its buffer
-  assert "g_wgmma_tma_tile" in cuda_text(out)
+  assert "g_tma_pipeline" in cuda_text(out)
   assert rel_err(out.numpy().astype(np.float32), x[8:].astype(np.float32) @ w.astype(np.float32)) < 2e-3
 
 

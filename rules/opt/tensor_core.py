@@ -14,7 +14,7 @@ convolution's windows: `Gather`, every row loop and k loop with its stride; `chu
 contiguous and every offset a whole number of 16-byte chunks: a channels-last input, tensor/nn.py `conv2d`). Every
 other output loop is a batch
 (strides multiples of 16 bytes); the sizes divide a tile. A matrix A is preferred where either operand could be A.
-Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of a block's whole product tile:
+Out: the same stores, one per accumulator a lane holds (or pair, below), over `MMA`, the node of a block's whole product tile:
 
 - `MMA(INDEX(A, the tile's first row), INDEX(B, its first column)[, the first flat row], arg=TileSpec)`, dtype
   `float32.vec(regs)`: a block of WM x WN warps computes BM x BN outputs; for each slice of BK along k the block copies
@@ -25,7 +25,11 @@ Out: the same stores, one per accumulator a lane holds, over `MMA`, the node of 
   outputs in registers with `mma.sync` (renderers/cuda_mma.py renders it);
 - `GEP(MMA, e)` is accumulator e of a lane, the output at row and column given by mma's fragment layout (lane//4 and
   8 rows further for the row, 2*(lane%4) and the next for the column); the epilogue f and the store index are the
-  kernel's own, with the row loops (the flat row split back), j and the batch loops replaced by those indices;
+  kernel's own, with the row loops (the flat row split back), j and the batch loops replaced by those indices; a
+  16-bit output contiguous along j stores accumulators e and e + 1 (neighbouring columns) as one pair (`VECTORIZE`
+  of 2, a 4-byte store: half as many stores, each filling twice the bytes of a sector), and the float32 reciprocals
+  of a 16-bit output's epilogue are approximate (`RECIP` with arg "approx": `rcp.approx.f32`, within 1 ulp of
+  float32, where its value is then rounded to 16 bits);
 - blocks are numbered along j within groups of GROUP block rows (blocks that run together share their tiles of B and
   A in L2); the kernel's SINK carries the plan as `Opt(OptKind.TENSOR_CORE, axis, amount)` records: the row loops'
   and j's tile sizes and the k loops' slice.
@@ -96,6 +100,8 @@ WGMMA_GATHERED_STAGES = 3   # a gathered A's slices (each step waits for its own
 # a producer warpgroup of TMA_PRODUCER threads beside the tile's, and as many slices in flight as shared memory holds,
 # up to TMA_STAGES (128x256: 4; 128x128: 6)
 TMA_PRODUCER = 128
+# the order blocks run in (`block_order`): groups of 8 rows of tiles, each group's blocks along j in turn
+BLOCK_GROUP = (8, "rows")
 TMA_STAGES = 6
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
@@ -386,6 +392,18 @@ def accumulator_at(s: TileSpec, lidx: UOp, e: int) -> tuple[UOp, UOp]:
   return (col, row) if s.swapped else (row, col)
 
 
+def block_order(where: UOp, bms: int, bns: int) -> tuple[UOp, UOp]:
+  """The tile (row, column) of block `where` of a bms x bns grid of tiles: groups of BLOCK_GROUP[0] (or the largest
+  power of two below it that divides) tiles along BLOCK_GROUP[1] ("rows" or "cols"), the group's blocks taking the
+  other dimension in turn, so that the blocks running at once share their tiles of A and B in L2."""
+  size, along = BLOCK_GROUP
+  n_along, n_across = (bms, bns) if along == "rows" else (bns, bms)
+  group = next(g for g in (size, 8, 4, 2, 1) if g <= size and n_along % g == 0)
+  first = (where // (group * n_across)) * group + where % group if group > 1 else where // n_across
+  second = (where % (group * n_across)) // group if group > 1 else where % n_across
+  return (first, second) if along == "rows" else (second, first)
+
+
 def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   if (p := ctx.product) is None or sink.arg == "linear" or isinstance(sink.arg, Plan): return None
   from rules.gpu import special   # (the GPU rules import rules.opt)
@@ -395,10 +413,7 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   gidx, lidx = special("gidx0", per_batch * math.prod(size(r) for r in p.batch)), special("lidx0", s.threads)
   where = gidx % per_batch if p.batch else gidx
   at = _split(gidx // per_batch, p.batch) if p.batch else {}
-  # blocks of GROUP rows of tiles take their columns in turn: those running at once share A's and B's tiles in L2
-  group = next(g for g in (8, 4, 2, 1) if bms % g == 0)
-  pid_m = (where // (group * bns)) * group + where % group if group > 1 else where // bns
-  pid_n = (where % (group * bns)) // group if group > 1 else where % bns
+  pid_m, pid_n = block_order(where, bms, bns)
   zero = UOp.const(dtypes.index, 0)
   base = lambda ld, moves: UOp(Ops.INDEX, ld.src[0].dtype, (ld.src[0].src[0], substitute(ld.src[0].src[1], {**at, **{k: zero for k in p.ks}, **moves})))
   row0 = pid_m * s.bm
@@ -410,15 +425,40 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
   # (TMA: the producer warpgroup's threads, after the tile's, end in the tile's call; in the graph they hold the
   # accumulators of thread lidx % consumers, whose stores they would repeat)
   lane = lidx % (s.threads - TMA_PRODUCER) if s.tma else lidx
+  store = _approximate_reciprocals(p.store) if p.store.src[1].dtype in HALVES else p.store
   for e in range(s.regs):
     acc = UOp(Ops.GEP, dtypes.float32, (mma, UOp.const(dtypes.index, e)))
     row, col = accumulator_at(s, lane, e)
     moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
-    stores.append(substitute(p.store, {p.red: acc, **moves}))
+    stores.append(substitute(store, {p.red: acc, **moves}))
+  if _pairs_columns(p, s): stores = [_paired(lo, hi) for lo, hi in zip(stores[::2], stores[1::2])]
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
   plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
                *(Opt(OptKind.TENSOR_CORE, axis[k], s.bk) for k in p.ks)), "tensor_core")
   return UOp(Ops.SINK, sink.dtype, tuple(stores), plan)
+
+
+def _approximate_reciprocals(store: UOp) -> UOp:
+  """The store with each float32 reciprocal of its value marked approximate (`RECIP`'s arg "approx": `rcp.approx.f32`,
+  within 1 ulp of float32 where the division is rounded to half an ulp, and ~10 instructions and a branch fewer, on
+  each of a lane's accumulators): its value is rounded to 16 bits, 2^13 times coarser, before it is stored."""
+  recips = {u: u.replace(arg="approx") for u in store.src[1].toposort if u.op is Ops.RECIP and u.dtype is dtypes.float32}
+  return substitute(store, recips)
+
+
+def _pairs_columns(p: Product, s: TileSpec) -> bool:
+  """Whether accumulators e and e + 1 (e even: a lane's two neighbouring columns, mma's and wgmma's fragment layout)
+  store as one 4-byte pair: 16-bit values, not gated, consecutive along j in the output, and every pair's first
+  address 4-byte aligned (every other stride and the offset even; the pair's column is even)."""
+  if s.fma or s.swapped or p.store.src[1].dtype not in HALVES or len(p.store.src) != 2: return False
+  idx = _affine(p.store.src[0].src[1])
+  return idx is not None and idx.get(p.j) == 1 and all(c % 2 == 0 for r, c in idx.items() if r is not p.j)
+
+
+def _paired(lo: UOp, hi: UOp) -> UOp:
+  """Two stores of neighbouring 16-bit elements as one store of both, at the first's address."""
+  val = UOp(Ops.VECTORIZE, lo.src[1].dtype.vec(2), (lo.src[1], hi.src[1]))
+  return lo.replace(src=(lo.src[0], val))
 
 
 tensor_core_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), to_tensor_cores)], name="tensor_core")
