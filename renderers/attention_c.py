@@ -154,6 +154,19 @@ class Operands:
   slots: dict[int, object]
   @property
   def dk(self) -> int: return self.q[1].shape[-1]   # the dot product's length (the values' head dimension may differ)
+  @property
+  def strides(self) -> tuple[int, ...]:
+    """(qi, qd, kj, kd, vd, vj, oi, od): the elements between q's rows and along d, k's keys and d, the values' d and
+    keys, the output's rows and d."""
+    nbt, qv, kv, vv, os_ = len(self.batch), self.q[1], self.k[1], self.v[1], self.out_strides
+    return (qv.strides[nbt], qv.strides[-1], kv.strides[nbt + 1], kv.strides[-1], vv.strides[nbt + 1], vv.strides[-1],
+            os_[nbt], os_[nbt + 1])
+  def batch_indices(self) -> str:
+    """C lines naming the batch indices b0, b1, ... of flat batch index `bt`."""
+    return "".join(f"  long b{n} = (bt / {math.prod(self.batch[n + 1:])}) % {size};\n" for n, size in enumerate(self.batch))
+  def params(self, args: list[int], restrict: str) -> str:
+    """The kernel's parameters: the buffers of slots `args` as data<slot>, the output's the only one not const."""
+    return ", ".join(("" if n == self.out.arg.number else "const ") + f"{C_TYPES[self.slots[n]]}* {restrict} data{n}" for n in args)
 
 
 def attention_operands(norm: UOp) -> Operands:
@@ -188,7 +201,7 @@ def base(v: View, n_batch: int) -> str:
 def attention_source(norm: UOp, args: list[int]) -> str:
   """The tiled kernel's source (KERNEL_NAME for its name) for normalized kernel `norm`; Unsupported says why not."""
   ops = attention_operands(norm)
-  batch, tq, d, tk, os_, dot, scores, slots = list(ops.batch), ops.tq, ops.d, ops.tk, ops.out_strides, ops.dot, ops.scores, ops.slots
+  batch, tq, d, tk, os_, dot, scores = list(ops.batch), ops.tq, ops.d, ops.tk, ops.out_strides, ops.dot, ops.scores
   (a, av), (b, bv), (vb, vv) = ops.q, ops.k, ops.v
   out = UOp(Ops.VIEW, ops.out.dtype, (ops.out,), ops.out_view)
   dk = av.shape[-1]   # the dot product's length (the values' head dimension d may differ)
@@ -198,19 +211,15 @@ def attention_source(norm: UOp, args: list[int]) -> str:
   ep = Epilogue(dot).expr(scores, idx + ["i", "j"], True)   # lane by lane (raises Unsupported where E has no C form)
   try: vector_ep = Epilogue(dot, w).expr(scores, [f"(int){b}" for b in idx] + ["i", "jv"], True)
   except NotVector: vector_ep = None
-  bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
-  nbt = len(batch)
-  qi, qd = av.strides[nbt], av.strides[-1]
-  kj, kd = bv.strides[nbt + 1], bv.strides[-1]
-  vd, vj = vv.strides[nbt + 1], vv.strides[-1]
-  oi, od = os_[nbt], os_[nbt + 1]
+  bidx, nbt = ops.batch_indices(), len(batch)
+  qi, qd, kj, kd, vd, vj, oi, od = ops.strides
   # KEY_VECTORS, or fewer where that pads the keys much less (128 keys: 3 vectors of 16 pad them to 144, 2 to 128)
   padded = lambda n: -(-tk // (w * n)) * w * n
   kb = min(range(2, KEY_VECTORS + 1), key=lambda n: (padded(n) > padded(KEY_VECTORS) * 0.94 if n < KEY_VECTORS else 0, padded(n), -n))
   nv, f = d // w, f"floatx{w}"
   tkp, block = -(-tk // (w * kb)) * w * kb, w * kb
   rows = max(1, min(R, 16 // nv))   # the accumulators of a tile: rows x nv vectors, at most 16 registers
-  params = ", ".join(("" if n == out.src[0].arg.number else "const ") + f"{C_TYPES[slots[n]]}* restrict data{n}" for n in args)
+  params = ops.params(args, "restrict")
   call = ", ".join(f"data{n}" for n in args)
   chunks = -(-tq // CHUNK)
   zero = f"(({f}){{{', '.join(['0.0f'] * w)}}})"
@@ -229,7 +238,6 @@ def attention_source(norm: UOp, args: list[int]) -> str:
         for (int jj = 0; jj < {w}; jj++) {{ long j = j0 + {{u}}*{w} + jj; float x = sv[jj]; sv[jj] = j < {tk} ? (float)({ep}) * {LOG2_E!r}f : -INFINITY; }}
         s{{r}}_{{u}} = *({f}*)sv; }}""", "{u}", kb)
   rescale = " ".join(f"a{{r}}_{t} *= c;" for t in range(nv))
-  top = f"s{{r}}_0" + "".join(f", s{{r}}_{u}" for u in range(1, kb))
   most = "s{r}_0"
   for u in range(1, kb): most = f"KERNEL_NAME_max({most}, s{{r}}_{u})"
   # a block masked whole for every row of the tile (a causal mask's upper blocks) changes nothing: skipped

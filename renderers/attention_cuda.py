@@ -34,7 +34,7 @@ through shared memory) before the second product. tests/test_attention.py runs t
 from __future__ import annotations
 import math
 from rewrite import dtypes
-from .attention_c import C_TYPES, Epilogue, Unsupported, attention_operands, base, LOG2_E
+from .attention_c import Epilogue, Unsupported, attention_operands, base, LOG2_E
 from .cuda import CUDA
 from rules.opt.tensor_core import max_shared
 
@@ -115,18 +115,14 @@ def attention_cuda_source(norm, args: list[int], multiprocessors: int = 132, arc
   rt = ROWS
   threads, chunks = 8 * br // rt, -(-tq // br)
   ep = Epilogue(ops.dot, lang=CUDA).expr(ops.scores, [f"b{n}" for n in range(nbt)] + ["i", "j"], True)
-  qi, qd = qv.strides[nbt], qv.strides[-1]
-  kj, kd = kv.strides[nbt + 1], kv.strides[-1]
-  vd, vj = vv.strides[nbt + 1], vv.strides[-1]
-  oi, od = ops.out_strides[nbt], ops.out_strides[nbt + 1]
+  qi, qd, kj, kd, vd, vj, oi, od = ops.strides
   # 16-byte loads along d where the operand is contiguous along it and every row starts 16-byte aligned
   def vec(view, row_stride: int, d_stride: int, n: int) -> bool:
     return d_stride == 1 and n % 4 == 0 and row_stride % 4 == 0 and view.offset % 4 == 0 and \
         all(s % 4 == 0 for s in view.strides[:nbt])
   qvec, kvec, vvec = vec(qv, qi, qd, dk), vec(kv, kj, kd, dk), vec(vv, vj, vd, d)
   floats = shared_floats(br, dkp, dp)
-  bidx = "".join(f"  long b{n} = (bt / {math.prod(batch[n + 1:])}) % {size};\n" for n, size in enumerate(batch))
-  params = ", ".join(("" if n == ops.out.arg.number else "const ") + f"{C_TYPES[ops.slots[n]]}* __restrict__ data{n}" for n in args)
+  bidx, params = ops.batch_indices(), ops.params(args, "__restrict__")
   pu, vu = br // 4 + 1, dp // 4   # 16-byte units a row of Ps, Vs
   groups = dp // 32
   # the blocks a multiprocessor holds, as a bound on registers, where a thread's tiles leave it room: about 64 for its
