@@ -4,7 +4,7 @@ synchronize, as bench/workloads.py times it), the kernels' own time, the host ti
 kernel can hide), and torch timed beside it.
 
   python3 bench/call_time.py [--only sum,layernorm] [--calls 50] [--profile 20] [--no-compile]
-  python3 bench/call_time.py --device CPU [--only mlp,attn] [--calls 50]
+  python3 bench/call_time.py --device CPU [--only mlp,attn,gpt_tiny] [--calls 50] [--busy 2]
 
 GPU (needs CUDA): inputs 16384 x 16384 float32 (bench/workloads.py's CUDA sizes); the kernels by CUDA events around
 each launch; torch eager and torch.compile timed both ways (CUDA events, and wall clock with a synchronize, as Graft).
@@ -14,9 +14,12 @@ consecutive kernels shared one team of threads, runtime/cpu.py `run_team`), alte
 machine's load falls on both alike; per call, the parallel regions started and the process's voluntary context switches
 (a thread that sleeps and is woken again: OMP_WAIT_POLICY=passive); torch eager last (its OpenMP threads spin after its
 calls, and would take the cores from Graft's). Medians and minima of wall time.
+gpt_tiny: examples/gpt.py with 12 layers of width 64 and 16 tokens (tiny kernels: the host program and the waits
+between kernels are all of it), a new input each call. --busy N: N processes spin on the CPU while Graft's calls are
+timed (a loaded machine; torch is timed after they stop).
 """
 from __future__ import annotations
-import argparse, os, statistics, sys, time
+import argparse, multiprocessing, os, statistics, sys, time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,6 +33,7 @@ def main():
   ap.add_argument("--profile", type=int, default=0, help="print this many lines of a profile of the warm calls")
   ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
   ap.add_argument("--device", default="CUDA", type=str.upper, choices=("CUDA", "CPU"))
+  ap.add_argument("--busy", type=int, default=0, help="CPU: processes spinning while Graft is timed")
   args = ap.parse_args()
   if args.device == "CPU": return cpu_main(args)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -107,21 +111,31 @@ def cpu_main(args) -> None:
   only = "mlp,attn" if args.only == "ew,sum,softmax,layernorm" else args.only
   def switches() -> int: return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
   results = {}
+  busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
+  for p in busy: p.start()
   for name in only.split(","):
-    w = WORKLOADS[name]
-    arrays = make_inputs(w, SIZES["CPU"][name])
-    ts = [Tensor(a) for a in arrays]
-    for _ in range(5): w.graft(*ts).realize()
-    out = w.graft(*ts)
+    if name == "gpt_tiny":
+      sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+      from gpt import GPT
+      model, rng = GPT(layers=12, width=64, heads=4), np.random.default_rng(0)
+      xs = [Tensor(rng.standard_normal((16, 64), np.float32)) for _ in range(8)]
+      w, arrays, graft = None, None, lambda i: model.forward(xs[i % len(xs)])   # a new input each call
+    else:
+      w = WORKLOADS[name]
+      arrays = make_inputs(w, SIZES["CPU"][name])
+      ts = [Tensor(a) for a in arrays]
+      graft = lambda i, w=w, ts=ts: w.graft(*ts)
+    for i in range(5): graft(i).realize()
+    out = graft(0)
     prog, inputs = find_program([(out.uop, out.device)])
     teamed = prog.run_steps
     kinds = {"plain call": teamed, "one region per kernel": prog.steps}
     walls, csw = {k: [] for k in kinds}, {k: [] for k in kinds}
-    for _ in range(args.calls):
+    for i in range(args.calls):
       for k, steps in kinds.items():
         prog.run_steps = steps
         c0, t0 = switches(), time.perf_counter()
-        w.graft(*ts).realize()
+        graft(i).realize()
         walls[k].append((time.perf_counter() - t0) * 1e3); csw[k].append(switches() - c0)
     prog.run_steps = teamed
     kern = []
@@ -133,7 +147,8 @@ def cpu_main(args) -> None:
       print(f"{name}: graft {k:<22s} wall {statistics.median(walls[k]):7.3f} ms (min {min(walls[k]):7.3f}); {calls} kernels "
             f"in {regions} parallel regions; voluntary context switches {statistics.median(csw[k]):.0f} a call", flush=True)
     print(f"{name}: kernels each alone {statistics.median(kern):7.3f} ms", flush=True)
-    results[name] = (w, arrays, statistics.median(walls["plain call"]))
+    if w is not None: results[name] = (w, arrays, statistics.median(walls["plain call"]))
+  for p in busy: p.terminate()
   try: import torch
   except ImportError: return
   torch.set_grad_enabled(False)
@@ -145,6 +160,10 @@ def cpu_main(args) -> None:
       t0 = time.perf_counter(); w.torch(*tx); wl.append((time.perf_counter() - t0) * 1e3)
     print(f"{name}: torch eager wall {statistics.median(wl):7.3f} ms (min {min(wl):7.3f}); graft/torch "
           f"{statistics.median(wl) / graft:.3f}x", flush=True)
+
+
+def _spin() -> None:
+  while True: pass
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ from .cuda import CUDA
 from rules.opt.tensor_core import max_shared
 
 BC = 64              # keys a tile
-UNROLL = 16          # steps of the loops over d and over a tile's keys unrolled at a time: whole (64), nvcc took 1.7 s
-                     # for 32x1024x64 here (a first call waits for it), 16: 0.9 s
+UNROLL = 16          # steps of the loops over d and over a tile's keys unrolled at a time: 16 compiles in a third of
+                     # the time of whole loops (bench/nvcc_time.py) and ran faster on an H100 (32x1024x64: 0.517
+                     # against 0.591 ms, bench/attention_gpu_check.py --unroll 64,16; docs/design.md)
 MAX_HEAD = 128       # dot product length and head dimension the register tiles are written for
 
 
@@ -51,7 +52,7 @@ def shared_floats(br: int, dk: int, dp: int) -> int:
 
 ROWS = 4   # R: query rows of a thread's register tiles (a multiple of 4). 8 (8 x 8 scores; 243 registers, 8 warps a
           # multiprocessor) measured slower on an H100: 32x1024x64 0.678 ms against 0.363 with 4, 12 heads x 1024 causal
-          # 0.649-0.707 against 0.508-0.535 (warm calls, /tmp variants of BR and R, one run)
+          # 0.649-0.707 against 0.508-0.535 (warm calls of uncommitted variants, one run: not a bench/ figure)
 
 
 def per_multiprocessor(br: int, dk: int, dp: int, shared: int) -> int:
