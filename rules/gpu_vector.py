@@ -1,4 +1,5 @@
-"""A rows plan's runs as vectors: stage `opt_grid_vector` (kernel scope, `grid_vector_rules`, ctx: `OptContext`).
+"""A rows plan's runs as vectors: stage `opt_grid_vector` (kernel scope, `grid_vector_rules`, ctx: `VectorRuns`, its
+index filled by `VectorRuns.index`, the stage's prepare).
 
 A GPU rows plan with a `vector(-1, w)` record lays a lane's elements out in runs of w consecutive ones (rules/gpu.py
 `lay_out_rows`); stage opt_grid unrolls them like the lane's other trips, and opt_grid_index folds their indices into
@@ -13,10 +14,16 @@ one buffer at `base + 0 .. w-1` with one gate (or none) are one store of the `VE
 unchanged. Alignment: `base` is a multiple of w elements from the buffer's start, and a buffer is its own cuMemAlloc
 (256-byte aligned; a view's offset is part of the index), so each vector is 16-byte aligned. Anything else (other
 dtypes, a run that is not whole, a clamped index past a size that does not divide) stays scalar.
+
+The index (prepare) finds the whole runs once; the rules are per node: a load of a run becomes its lane of the run's
+vector load, the store of a run's place 0 becomes the run's vector store, and the others become an empty SINK, which
+`splice_sinks` drops from the kernel's list (the store keys are the target INDEX and gate, which this stage's
+rewrites of float loads leave as they are).
 """
 from __future__ import annotations
 from collections import defaultdict
-from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, substitute
+from dataclasses import dataclass, field
+from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes, splice_sinks
 from .symbolic import terms_of, sum_of
 from .opt.plan import OptContext, is_tile_plan
 
@@ -54,29 +61,40 @@ def at(x: UOp, base: UOp) -> UOp:
   return x.src[0].replace(src=(x.src[0].src[0], base))
 
 
-def vector_runs(ctx: OptContext, sink: UOp) -> UOp | None:
-  """The loads and stores of whole runs, each one vector access (see the module's docstring)."""
-  if ctx is None or is_tile_plan(ctx.plan): return None
-  from .gpu import run_length
-  if (w := run_length(ctx.plan)) == 1: return None
-  loads = [(n, a[0], a[1]) for n in sink.toposort if n.op is Ops.LOAD and len(n.src) == 1 and n.dtype is dtypes.float32
-           and (a := plain_access(n)) is not None]
-  new = {ld: UOp(Ops.GEP, ld.dtype, (UOp(Ops.LOAD, ld.dtype.vec(w), (at(ld, base),)), UOp.const(dtypes.index, c)))
-         for base, places in runs(loads, w) for c, ld in places.items()}
-  sink = substitute(sink, new, name="gpu_vector.loads") if new else sink
-  # stores: keyed by buffer and gate (a run's w stores are one store where they share one)
-  stores = [(st, (a[0], st.src[2:]), a[1]) for st in sink.src if st.op is Ops.STORE and st.src[1].dtype is dtypes.float32
-            and (a := plain_access(st)) is not None]
-  whole = {places[0]: (base, places) for base, places in runs(stores, w)}
-  members = {st for _, places in whole.values() for st in places.values()}
-  if not new and not whole: return None
-  out = []
-  for st in sink.src:   # a run's store goes where its first member stood
-    if st in whole:
-      base, places = whole[st]
-      out.append(st.replace(src=(at(st, base), UOp(Ops.VECTORIZE, dtypes.float32.vec(w), tuple(places[c].src[1] for c in range(w))), *st.src[2:])))
-    elif st not in members: out.append(st)
-  return sink.replace(src=tuple(out))
+@dataclass
+class VectorRuns:
+  """The stage's context: the kernel's plan (the opt stages'), and the whole runs of its loads and stores: each load
+  of one as its lane of the run's vector load; each store of one, by its target INDEX and gate, as the run's vector
+  store (place 0) or None (the other places, which go)."""
+  opt: OptContext | None
+  loads: dict[UOp, UOp] = field(default_factory=dict)
+  stores: dict[tuple, UOp | None] = field(default_factory=dict)
+
+  def index(self, sink: UOp) -> None:
+    from .gpu import run_length
+    if self.opt is None or is_tile_plan(self.opt.plan) or (w := run_length(self.opt.plan)) == 1: return
+    loads = [(n, a[0], a[1]) for n in sink.toposort if n.op is Ops.LOAD and len(n.src) == 1 and n.dtype is dtypes.float32
+             and (a := plain_access(n)) is not None]
+    for base, places in runs(loads, w):
+      vector = UOp(Ops.LOAD, dtypes.float32.vec(w), (at(places[0], base),))
+      self.loads.update({ld: UOp(Ops.GEP, ld.dtype, (vector, UOp.const(dtypes.index, c))) for c, ld in places.items()})
+    stores = [(st, (a[0], st.src[2:]), a[1]) for st in sink.src if st.op is Ops.STORE and st.src[1].dtype is dtypes.float32
+              and (a := plain_access(st)) is not None]
+    for base, places in runs(stores, w):
+      first = places[0]
+      value = UOp(Ops.VECTORIZE, dtypes.float32.vec(w), tuple(places[c].src[1] for c in range(w)))
+      self.stores.update({(st.src[0], st.src[2:]): None for st in places.values()})
+      self.stores[(first.src[0], first.src[2:])] = first.replace(src=(at(first, base), value, *first.src[2:]))
 
 
-grid_vector_rules = PatternMatcher([(UPat(Ops.SINK, name="sink"), vector_runs)], name="opt_grid_vector")
+def vector_store(ctx: VectorRuns, st: UOp) -> UOp | None:
+  """A run's store at place 0: the run's vector store; at another place: nothing (an empty SINK, spliced away)."""
+  if st.src[1].dtype.count > 1 or (key := (st.src[0], st.src[2:])) not in ctx.stores: return None   # (the vector store itself)
+  return UOp(Ops.SINK) if (vector := ctx.stores[key]) is None else vector
+
+
+grid_vector_rules = PatternMatcher([
+  (UPat(Ops.LOAD, name="ld"), lambda ctx, ld: ctx.loads.get(ld)),
+  (UPat(Ops.STORE, name="st"), vector_store),
+  (UPat(Ops.SINK, name="node"), splice_sinks),   # the stores of a run's other places, gone
+], name="opt_grid_vector")

@@ -26,7 +26,7 @@ from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
 from .opt.rows import cpu_rows_fit
 from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
-from .gpu_vector import grid_vector_rules
+from .gpu_vector import grid_vector_rules, VectorRuns
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .opt.implicit import implicit_product_rules
 from .index_width import index_width_rules
@@ -198,7 +198,8 @@ pipeline = Pipeline([
   Stage("opt_grid_index", gpu_index_rules, "kernel", applies=_on_device_loops),
   *(Stage(name, carry_vector_rules + rules if name == "opt_vector" else rules, "kernel", opt_context) for name, rules in OPT_STAGES[4:]),
   # a rows plan's runs of consecutive elements (vector(-1, 4)) read and written as floatx4, once their indices are folded
-  Stage("opt_grid_vector", grid_vector_rules, "kernel", opt_context, applies=_on_device_loops),
+  Stage("opt_grid_vector", grid_vector_rules, "kernel", lambda run: VectorRuns(run.opt), applies=_on_device_loops,
+        prepare=VectorRuns.index),
   Stage("index_width", index_width_rules, "kernel"),
   Stage("linearize", linearize_rules, "kernel"),
   Stage("host", host_rules, "host", _host_ctx),
