@@ -100,7 +100,10 @@ class dtypes:
 
   @staticmethod
   def from_numpy(dt) -> DType:
-    dt = np.dtype(dt)
+    # a dict of np.dtype: every tensor made from an array and every `.numpy()` asks (numpy's `dtype.name` is slow)
+    found = _FROM_NUMPY.get(dt if isinstance(dt, np.dtype) else np.dtype(dt))
+    if found is not None: return found
+    dt = np.dtype(dt)   # (by name: a byte order other than the machine's)
     for d in dtypes.all():
       if d.np_name == dt.name: return d
     raise TypeError(f"numpy dtype {dt} has no Graft equivalent")
@@ -128,6 +131,10 @@ class dtypes:
     if d.is_bool: return True
     if d.is_int: return 2 ** (8 * d.itemsize) - 1 if d.is_unsigned else 2 ** (8 * d.itemsize - 1) - 1
     return float("inf")
+
+
+# numpy dtype -> DType, the first of dtypes.all() of that numpy type (int64, not index)
+_FROM_NUMPY = {d.np: d for d in reversed(dtypes.all()) if d.np_name is not None}
 
 
 # ---- bfloat16 on the host: numpy has no such dtype, so its values travel as their 16 bits in a uint16 array ----
