@@ -8,8 +8,11 @@ run alone and checked against torch): `bare` x @ W, `bias` x @ W + b, `gelu` (x 
 them; `bare-nt` x @ W.T (B stored along k: wgmma reads it K-major, no transpose); `bare-128x128` x @ W on 128x128 tiles
 (6 slices in flight); `-cols8`, `-rows16`, `-cols4`: blocks in groups of 8 column tiles (16 row tiles, 4 column tiles:
 rules/opt/tensor_core.py BLOCK_GROUP; delivered: 8 rows); `-block-a-tile`: a block per tile, `bare-persistent`: a block a
-multiprocessor looping over the tiles (renderers/cuda_tma.py PERSISTENT_SLICES: delivered, persistent where k is at most
-64 slices of 64); then a kernel's source with one change each (VARIANTS: what each measures). Each figure: the median
+multiprocessor looping over the tiles (rules/opt/tensor_core.py PERSISTENT_SLICES: delivered, persistent where k is at most
+64 slices of 64); `NAME-nocluster` / `NAME-cluster4`: kernel NAME with no cluster or in clusters of 4 blocks sharing
+B's tile (rules/opt/tensor_core.py TMA_CLUSTER; delivered: 2 where persistent); then a kernel's source with one change
+each (VARIANTS: what each measures; `bare-nostore` is a probe of the stores' share). `grid`: the blocks launched (a
+persistent kernel: a block a multiprocessor, in whole clusters the GPU holds at once). Each figure: the median
 over 7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
 interleaved (a clock that drifts moves them alike). torch: `x @ W` (cuBLAS), and eager `gelu(x @ W + b)` with
 approximate="tanh" (cuBLAS, then the add and the GELU as kernels of their own).
@@ -50,6 +53,9 @@ def unpaired(src: str) -> str:
 VARIANTS = {   # name: (the kernel it changes, what it measures, the change to its source)
   "gelu-before": ("gelu", "the epilogue before: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
   "bare-before": ("bare", "the same for the bare product (each output stored alone)", unpaired),
+  "bare-nostore": ("bare-nocluster", "(a probe, not a kernel) the stores made only where a value is 12345: the product and "
+                   "the conversions without the stores' traffic",
+                   lambda s: re.sub(r"^(\s*)(\*\(half2\*\)\(data0\+v\d+\) = (v\d+);)$", r"\1if (__low2float(\3) == 12345.0f) \2", s, flags=re.M)),
   "gelu-tanh": ("gelu", "the tanh as one tanh.approx.f32 (not delivered: relative error 2^-11 of tanh, large against "
                 "gelu's negative tail)", lambda s: _TANH.sub(r"float \8 = g_tanh_approx(\2);", s)),
 }
@@ -57,18 +63,17 @@ VARIANTS = {   # name: (the kernel it changes, what it measures, the change to i
 
 def kernel_for(t, name: str, multiprocessors: int, arch: str, patch: dict | None = None) -> tuple[str, tuple]:
   """The CUDA text of t's one kernel (named `name`) as this tree lowers it for the GPU, with the settings in `patch`
-  where given (rules/opt/tensor_core.py WGMMA_TILES, BLOCK_GROUP; renderers/cuda_tma.py PERSISTENT_SLICES), and its launch
+  where given (rules/opt/tensor_core.py WGMMA_TILES, BLOCK_GROUP, PERSISTENT_SLICES, TMA_CLUSTER), and its launch
   sizes."""
-  import rules.opt.tensor_core as tc, renderers.cuda_tma as tma
-  where = {k: tc if hasattr(tc, k) else tma for k in patch or {}}
-  saved = {k: getattr(m, k) for k, m in where.items()}
-  for k, v in (patch or {}).items(): setattr(where[k], k, v)
+  import rules.opt.tensor_core as tc
+  saved = {k: getattr(tc, k) for k in patch or {}}
+  for k, v in (patch or {}).items(): setattr(tc, k, v)
   try:
     (kern,) = [x for x in schedule([t.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True))[0] if x.op is Ops.KERNEL]
     linear = lower_kernel(normalize(kern)[0], Run("CUDA", parallel=False, device_loops=True, multiprocessors=multiprocessors, arch=arch))
     return renderer.render(name, linear), launch_dims(linear)
   finally:
-    for k, v in saved.items(): setattr(where[k], k, v)
+    for k, v in saved.items(): setattr(tc, k, v)
 
 
 def main() -> None:
@@ -102,6 +107,10 @@ def main() -> None:
            "gelu-block-a-tile": (gelu, (X, W, B), {"PERSISTENT_SLICES": 0}), "bare-block-a-tile": (x @ w, (X, W), {"PERSISTENT_SLICES": 0}),
            "bare-persistent": (x @ w, (X, W), {"PERSISTENT_SLICES": 1 << 30})}
   only = args.only.split(",") if args.only else None
+  # NAME-nocluster, NAME-cluster4: kernel NAME with no clusters (rules/opt/tensor_core.py TMA_CLUSTER = 1: each block
+  # copies all of B) or in clusters of 4 (each copies a quarter of B)
+  exprs.update({f"{nm}-{tag}": (t, params, {**(patch or {}), "TMA_CLUSTER": c}) for nm, (t, params, patch) in list(exprs.items())
+                for tag, c in (("nocluster", 1), ("cluster4", 4))})
   if args.ncu: only = ["gelu", "bare"]
   if only: exprs = {nm: e for nm, e in exprs.items() if nm in only or any(VARIANTS.get(v, ("",))[0] == nm for v in only)}
   kernels = {}   # name: (source, launch sizes, parameters)
@@ -115,7 +124,7 @@ def main() -> None:
       assert new != src, f"variant {name} changed nothing"
       kernels[name] = (new, dims, params)
   if only: kernels = {nm: v for nm, v in kernels.items() if nm in only}
-  runs, errs = {}, {}
+  runs, errs, grids = {}, {}, {}
   refs = {}
   for name, (src, dims, params) in kernels.items():
     fn = re.search(r"void (probe_\w+)\(", src).group(1)
@@ -123,7 +132,8 @@ def main() -> None:
     except Exception as e: print(f"{name}: build FAILED {repr(e)[:400]}", flush=True); continue
     ptrs = [out.data_ptr(), *(p.data_ptr() for p in params)]
     runs[name] = lambda prog=prog, dims=dims, ptrs=ptrs: prog(*ptrs, global_size=dims[0], local_size=dims[1])
-    runs[name](); torch.cuda.synchronize()
+    out.zero_(); runs[name](); torch.cuda.synchronize()   # (zeroed: a tile it missed shows as an error)
+    grids[name] = prog.grid(dims[0], dims[1])[0]
     if args.ncu: continue
     kind = "gelu" if "gelu" in name else "bias" if "bias" in name else "bare"
     if kind not in refs:
@@ -150,7 +160,7 @@ def main() -> None:
         f"median of 7 rounds of 10 launches (min-max of the rounds)")
   print(f"{'kernel':<20}{'ms':>8}{'min-max':>15}{'TFLOP/s':>9}{'vs eager':>9}  err      what")
   for name, t in med.items():
-    what = VARIANTS[name][1] if name in VARIANTS else ""
+    what = (VARIANTS[name][1] if name in VARIANTS else "") + (f" (grid {grids[name]})" if name in grids else "")
     err = f"{errs[name]:.1e}" if name in errs else "   -   "
     spread = f"{min(times[name]):.3f}-{max(times[name]):.3f}"
     print(f"{name:<20}{t:8.3f}{spread:>15}{flops / t / 1e9:9.1f}{eager / t:9.3f}  {err}  {what}")

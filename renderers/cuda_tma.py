@@ -11,20 +11,28 @@ which lays a box out as renderers/cuda_wgmma.py's descriptors read it (chunk c o
 atoms of 8 rows 1024-byte aligned), so the descriptors are the cp.async template's.
 
 STAGES slices in flight, each with two mbarriers: `full` (the producer's expected bytes; the copies complete it) and
-`empty` (one arrival per consumer warp once the wgmma group that read the slice is retired). A consumer waits on
-`full`, issues its 4 wgmma as one group, retires the group before (`wgmma.wait_group 1`) and releases that one's
-slice; the producer waits on `empty` before refilling a slice. No block barrier in the loop. Registers: the kernel is
+`empty` (one arrival per consumer warp, of each block of the cluster, once the wgmma group that read the slice is
+retired). A consumer waits on `full`, issues its 4 wgmma as one group, retires the group before (`wgmma.wait_group 1`)
+and releases that one's slice; the producer waits on `empty` before refilling a slice. No block barrier in the loop. Registers: the kernel is
 launched with `__launch_bounds__(threads, 1)`, and `setmaxnreg` gives the producer 40 and the consumers 232 (128
 accumulators of a 128x256 tile and the epilogue).
 
 The rendered kernel's body runs in a loop over its tiles (`persistent`), `g_tile` from the block index on by the grid's
 size, in two branches: the producer warpgroup's first thread computes each tile's place and copies its slices
-(`g_tma_pipeline::produce`), the consumers compute each tile (`consume`) and its epilogue. A tile of at most
-PERSISTENT_SLICES slices of k is persistent: the kernel is marked `G_PERSISTENT` and the host launches at most one block
-a multiprocessor (runtime/cuda.py), so the producer copies the next tile's first slices while the consumers store the
-last one's, and no block starts or ends between tiles. Longer tiles keep a block per tile (each loop runs once), which
-the hardware hands out as multiprocessors free up (H100: 8192x4096 @ 4096x4096 3% faster persistent, 4096^3 the same,
-8192^3 6% slower, the static round of tiles finishing unevenly; docs/design.md).
+(`g_tma_pipeline::produce`), the consumers compute each tile (`consume`) and its epilogue. A persistent tile
+(`TensorMaps.persistent`: at most rules/opt/tensor_core.py PERSISTENT_SLICES slices of k) is marked `G_PERSISTENT`,
+and the host launches at most one block a multiprocessor (runtime/cuda.py), so the producer copies the next tile's first
+slices while the consumers store the last one's, and no block starts or ends between tiles. Longer tiles keep a block
+per tile (each loop runs once), which the hardware hands out as multiprocessors free up.
+
+Clusters (`TensorMaps.cluster` > 1, persistent tiles; `__cluster_dims__(CLUSTER, 1, 1)` before the kernel's name):
+the blocks of a cluster compute consecutive rows of tiles of the same columns at every turn of the loop (the order of
+rules/opt/tensor_core.py `block_order`), so they share B's tile: each block's producer copies BN / CLUSTER of its
+columns into the slice of every block of the cluster (`.multicast::cluster`, completing each one's `full` barrier),
+each block's `full` expects the whole slice, and a slice's `empty` barrier counts the consumer warps of every block (a
+consumer warp arrives on its own block's and, through `mapa`, on the others'). Barriers are made before a cluster-wide
+barrier, and every thread meets the others at the end (`finish`): no block ends while another may still copy into it
+or arrive on its barriers. The host launches whole clusters, at most as many as the GPU holds at once.
 """
 from __future__ import annotations
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
@@ -32,7 +40,6 @@ from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 BK = 64            # a slice: 128 bytes of 16-bit k (one swizzled row)
 PRODUCER = 128     # the producer warpgroup's threads
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg: 128 x 40 + 256 x 232 <= 65536 registers
-PERSISTENT_SLICES = 64   # a tile of at most this many slices of k loops in a block a multiprocessor (above: 0, none)
 
 PRELUDE = r"""
 /* a tensor map (the driver's CUtensorMap: 128 opaque bytes), made on the host (runtime/cuda.py) and passed by value;
@@ -59,26 +66,48 @@ __device__ __forceinline__ void g_tma_load(unsigned dst, const g_tensor_map& map
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                :: "r"(dst), "l"(&map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+/* the same box into shared memory at dst of every block of the cluster in `mask` (their ranks), completing each one's
+   barrier at bar */
+__device__ __forceinline__ void g_tma_multicast(unsigned dst, const g_tensor_map& map, int c0, int c1, unsigned bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+               :: "r"(dst), "l"(&map), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+/* an arrival on the barrier at bar in the cluster's block `rank`. Its semantics are the default's, release at the
+   block's scope: it says that the wgmma reading a slice are done, and orders no write of this thread for the other
+   block (`.release.cluster` made every product of a cluster of 2 run twice as long on an H100, of 4 four times) */
+__device__ __forceinline__ void g_mbar_arrive_at(unsigned bar, unsigned rank) {
+  asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [r];\n}\n"
+               :: "r"(bar), "r"(rank) : "memory");
+}
+/* every thread of every block of the cluster */
+__device__ __forceinline__ void g_cluster_sync() { asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory"); }
 /* the TMA pipeline of a block that computes BM x BN product tiles one after the other (renderers/cuda_tma.py): the
    producer thread's `produce` copies a tile's slices, each consumer's `consume` computes its accumulators acc[e]
-   (laid out as g_wgmma_tile's); each keeps its place in the ring of STAGES slices from tile to tile */
-template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K> struct g_tma_pipeline {
+   (laid out as g_wgmma_tile's); each keeps its place in the ring of STAGES slices from tile to tile. CLUSTER blocks
+   (consecutive rows of tiles, the same columns, tile for tile) share B's tile: each block's producer copies BN / CLUSTER
+   of its columns into every block's slice (multicast), so a slice is refilled once the consumers of every block of the
+   cluster released it, and no block ends before the others are done with its barriers (`finish`) */
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, int CLUSTER = 1> struct g_tma_pipeline {
   static constexpr int BK = 64, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
-  static constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+  static constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128, B_PART = BN / CLUSTER;
   static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 2, "tile sizes");
-  unsigned base, bars;   /* the slices (1024-byte aligned); full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
+  static_assert(B_PART % 64 == 0, "a block's share of B: whole boxes of 64 columns");
+  unsigned base, bars, rank = 0;   /* the slices (1024-byte aligned); full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
   int stage = 0;
   unsigned phase = 0;
   __device__ __forceinline__ g_tma_pipeline() {
     const unsigned raw = g_shared_address(g_dynamic_shared);
     base = (raw + 1023u) & ~1023u;
     bars = base + STAGES * STAGE;
+    if (CLUSTER > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     if (threadIdx.x == 0) {
-      for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CONSUMERS / 32); }
+      for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CLUSTER * CONSUMERS / 32); }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   /* the inits, seen by the copy engine */
     }
-    __syncthreads();
+    if (CLUSTER > 1) g_cluster_sync(); else __syncthreads();   /* (a cluster: the others' copies and arrivals reach them) */
   }
+  /* (every thread, last) the cluster's blocks wait for each other: none ends while another may arrive on its barriers */
+  __device__ __forceinline__ void finish() { if (CLUSTER > 1) g_cluster_sync(); }
   __device__ __forceinline__ void next() { if (++stage == STAGES) { stage = 0; phase ^= 1; } }
   /* (the producer thread) the tile at (row0, col0): each slice once its last readers released it */
   __device__ __forceinline__ void produce(const g_tensor_map& ta, const g_tensor_map& tb, int row0, int col0) {
@@ -87,10 +116,15 @@ template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K> struct g_t
       const unsigned sa = base + stage * STAGE, sb = sa + A_BYTES, full = bars + 8 * stage;
       g_mbar_expect(full, STAGE);
       g_tma_load(sa, ta, kt * BK, row0, full);
-      if (B_ALONG_K) g_tma_load(sb, tb, kt * BK, col0, full);
+      if (CLUSTER == 1 && B_ALONG_K) g_tma_load(sb, tb, kt * BK, col0, full);
+      else if (B_ALONG_K) g_tma_multicast(sb + rank * B_PART * 128, tb, kt * BK, col0 + rank * B_PART, full, (1 << CLUSTER) - 1);
       else {
 #pragma unroll
-        for (int c = 0; c < BN / 64; c++) g_tma_load(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full);
+        for (int i = 0; i < B_PART / 64; i++) {
+          const int c = rank * (B_PART / 64) + i;
+          if (CLUSTER == 1) g_tma_load(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full);
+          else g_tma_multicast(sb + c * (BK * 128), tb, col0 + 64 * c, kt * BK, full, (1 << CLUSTER) - 1);
+        }
       }
     }
   }
@@ -106,11 +140,16 @@ template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K> struct g_t
       g_wgmma_slice<T, BN, B_ALONG_K>(acc, sa + wg * 64 * 128, sb);
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       g_wgmma_wait<1>();   /* the group before is done: its slice goes back to the producer */
-      if (kt > 0 && (tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + last));
+      if (kt > 0 && (tid & 31) == 0) release(last);
       last = stage;
     }
     g_wgmma_wait<0>();
-    if ((tid & 31) == 0) g_mbar_arrive(bars + 8 * (STAGES + last));
+    if ((tid & 31) == 0) release(last);
+  }
+  /* (a consumer warp's first lane) slice s read: one arrival on its `empty` barrier in each block of the cluster */
+  __device__ __forceinline__ void release(int s) {
+    g_mbar_arrive(bars + 8 * (STAGES + s));
+    for (unsigned r = 0; r < CLUSTER; r++) if (r != rank) g_mbar_arrive_at(bars + 8 * (STAGES + s), r);
   }
 };
 /* the producer warpgroup's and the consumers' registers (setmaxnreg, under __launch_bounds__(threads, 1)) */
@@ -136,10 +175,11 @@ def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
   a, b = (_param(linear, m.src[i].src[0]) for i in (0, 1))
   # A: rows of k (K-major); B along k: a row of k per column; B along j: a row of columns per k
   maps = [(a, s.k, t.rows, s.lda, BK, s.bm, t.a_offset),
-          (b, s.k, t.cols, s.ldb, BK, s.bn, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
+          (b, s.k, t.cols, s.ldb, BK, s.bn // t.cluster, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
   head = "".join(f" G_TMAP({p}, {s.itemsize}, {inner}, {outer}, {ld}, {bi}, {bo}, {off})" for p, inner, outer, ld, bi, bo, off in maps)
   maps_params = ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
-  return (" G_PERSISTENT" if s.k // BK <= PERSISTENT_SLICES else "") + head, maps_params
+  cluster = f" __cluster_dims__({t.cluster}, 1, 1)" if t.cluster > 1 else ""
+  return (" G_PERSISTENT" if t.persistent else "") + cluster + head, maps_params
 
 
 _MARK = "/* G_TMA "   # the consumer's call carries the pipeline's type and the producer's call for `persistent`
@@ -150,7 +190,7 @@ def render_tma(ctx, m: UOp) -> str:
   tile's first row and column (the MMA's third and fourth sources) go to the producer's."""
   s = m.arg
   t = ctx.lang.type(getattr(dtypes, s.dtype))
-  pipe = f"g_tma_pipeline<{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}>"
+  pipe = f"g_tma_pipeline<{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.tma.cluster}>"
   produce = f"g_pipe.produce(g_map_a, g_map_b, {ctx[m.src[2]]}, {ctx[m.src[3]]});"
   return f"float {ctx.names[m]}[{s.regs}];\ng_pipe.consume({ctx.names[m]});   {_MARK}{pipe} | {produce} */"
 
@@ -170,8 +210,8 @@ def persistent(kernel: str, tiles: int, consumers: int) -> str:
   indent = lambda block, n: ["  " * n + ln for ln in block]
   return "\n".join([head, f"  {pipe} g_pipe;", f"  if (threadIdx.x >= {consumers}) {{", "    g_producer_registers();",
                     f"    if (threadIdx.x == {consumers}) {loop}", *indent(prologue, 2), f"      {produce}", "    }",
-                    "  } else {", "    g_consumer_registers();", f"    {loop}", *indent(prologue, 2), *indent([declare, call.rstrip()], 2),
-                    *indent(epilogue, 2), "    }", "  }", "}"])
+                    "    g_pipe.finish();", "  } else {", "    g_consumer_registers();", f"    {loop}", *indent(prologue, 2),
+                    *indent([declare, call.rstrip()], 2), *indent(epilogue, 2), "    }", "    g_pipe.finish();", "  }", "}"])
 
 
 # (before the CUDA renderer's own rules, in a kernel on TMA) the graph's block index is the tile the loop is at

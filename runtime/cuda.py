@@ -24,8 +24,11 @@ call: each launch makes them (`cuTensorMapEncodeTiled`, once per buffer pointer)
 so a warm call over new buffers copies from those.
 
 Launch geometry: `global_size` is the grid, in blocks (not threads), and `local_size` the block, in threads; each is
-a 3-tuple (shorter tuples and plain ints are padded with 1s). Launches go to the legacy default stream, so they run
-in order with each other and with the copies, and `copyout` waits for them.
+a 3-tuple (shorter tuples and plain ints are padded with 1s). A kernel marked `G_PERSISTENT` before its name loops
+over its blocks itself: it is launched with at most a block a multiprocessor, and where it also declares
+`__cluster_dims__(n, 1, 1)`, in whole clusters of n, at most as many as the GPU holds at once
+(cuOccupancyMaxActiveClusters). Launches go to the legacy default stream, so they run in order with each other and
+with the copies, and `copyout` waits for them.
 """
 from __future__ import annotations
 import atexit
@@ -125,6 +128,9 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, int tensorDataType, unsi
                                 const unsigned long long *globalDim, const unsigned long long *globalStrides,
                                 const unsigned int *boxDim, const unsigned int *elementStrides, int interleave,
                                 int swizzle, int l2Promotion, int oobFill);
+typedef struct { unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+                 CUstream hStream; void *attrs; unsigned int numAttrs; } CUlaunchConfig;
+CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config);
 CUresult cuGetErrorName(CUresult error, const char **name);
 CUresult cuGetErrorString(CUresult error, const char **text);
 """
@@ -328,6 +334,14 @@ def persistent(source: str, name: str) -> bool:
   return bool(m and re.search(r"\bG_PERSISTENT\b", m.group(1)))
 
 
+def cluster_blocks(source: str, name: str) -> int:
+  """The blocks of a cluster of kernel `name` (`__cluster_dims__(n, 1, 1)` before its name: renderers/cuda_tma.py's
+  blocks sharing a tile by multicast), 1 where it declares none."""
+  m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
+  c = re.search(r"\b__cluster_dims__\((\d+)", m.group(1)) if m else None
+  return int(c.group(1)) if c else 1
+
+
 def tensor_maps(source: str, name: str) -> list[TensorMapDecl]:
   """The tensor maps kernel `name` declares with `G_TMAP(...)` before its name, in order."""
   m = re.search(rf"__global__([^;{{}}]*?)\b{re.escape(name)}\s*\(", source)
@@ -421,10 +435,10 @@ def _check_dims(size: int | Sequence[int] | None, what: str) -> tuple[int, int, 
 class CUDAProgram:
   """One kernel of a loaded cubin. Call it with device pointers and scalars in the order of its parameters."""
   __slots__ = ("name", "device", "function", "params", "pointer_types", "param_array", "path", "shared", "maps", "made_maps",
-               "max_blocks")
+               "max_blocks", "cluster", "held")
 
   def __init__(self, name: str, device: CUDADevice, function: Any, params: list[str], path: Path, shared: int = 0,
-               maps: Sequence[TensorMapDecl] = (), persistent: bool = False):
+               maps: Sequence[TensorMapDecl] = (), persistent: bool = False, cluster: int = 1):
     # the tensor maps (the last parameters) are no arguments of the call: each launch makes them from its pointers
     n = len(params) - len(maps)
     if params[n:] != ["CUtensorMap"] * len(maps) or "CUtensorMap" in params[:n]:
@@ -436,6 +450,7 @@ class CUDAProgram:
     self.param_array = _ffi.typeof("void *[]")                        # and points at them from one of these
     self.shared = shared   # bytes of dynamic shared memory each launch gets
     self.max_blocks = device.multiprocessor_count if persistent else 0   # (a kernel that loops over its blocks)
+    self.cluster, self.held = cluster, None   # (blocks launched in clusters of this many; how many clusters fit at once)
     if shared > _STATIC_SHARED_LIMIT:
       check("cuFuncSetAttribute", _lib.cuFuncSetAttribute(function, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
             f"kernel {name} asks for {shared} bytes of dynamic shared memory")
@@ -445,7 +460,8 @@ class CUDAProgram:
     """Launch on grid `global_size` (blocks) of blocks `local_size` (threads). With wait=True, block until the kernel
     is done and return its time in seconds, measured with CUDA events; else return None at once."""
     params, _values = self.pack(args)   # _values: what params points at, alive until the launch has read it
-    grid, block = self.grid(global_size), _dims(local_size, "local_size")
+    block = _dims(local_size, "local_size")
+    grid = self.grid(global_size, block)
     self.device.activate()
     if not wait:
       self._launch(grid, block, params)
@@ -467,10 +483,24 @@ class CUDAProgram:
     finally:
       _lib.cuEventDestroy_v2(start[0])
 
-  def grid(self, global_size: int | Sequence[int] | None) -> tuple[int, int, int]:
-    """The grid a launch of `global_size` blocks takes: at most one block a multiprocessor for a persistent kernel."""
-    dims = _dims(global_size, "global_size")
-    return (self.max_blocks, *dims[1:]) if 0 < self.max_blocks < dims[0] else dims
+  def grid(self, global_size: int | Sequence[int] | None, block: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The grid a launch of `global_size` blocks of `block` takes: for a persistent kernel at most one block a
+    multiprocessor, and in clusters at most the whole clusters the GPU holds at once (a cluster that waited for others
+    to end would run its tiles after all the rest)."""
+    dims, most = _dims(global_size, "global_size"), self.max_blocks
+    if most and self.cluster > 1: most = self.cluster * max(1, min(most // self.cluster, self.clusters_held(block)))
+    return (most, *dims[1:]) if 0 < most < dims[0] else dims
+
+  def clusters_held(self, block: tuple[int, int, int]) -> int:
+    """The clusters of this kernel's blocks `block` the GPU holds at once (cuOccupancyMaxActiveClusters; asked once)."""
+    if self.held is None:
+      config = _ffi.new("CUlaunchConfig *", {"gridDimX": self.cluster, "gridDimY": 1, "gridDimZ": 1, "blockDimX": block[0],
+                                              "blockDimY": block[1], "blockDimZ": block[2], "sharedMemBytes": self.shared})
+      n = _ffi.new("int *")
+      self.device.activate()
+      _call("cuOccupancyMaxActiveClusters", n, self.function, config)
+      self.held = n[0]
+    return self.held
 
   def pack(self, args: Sequence[int | float]) -> tuple[Any, list]:
     """kernelParams for `args`: an array of pointers, each to one argument's value stored in its parameter's C type;
@@ -520,7 +550,7 @@ class CUDAGraph:
 
   def __init__(self, device: CUDADevice, launches: Sequence[tuple[CUDAProgram, Sequence[int | float], Any, Any]]):
     self.device, self.graph, self.exec = device, None, None
-    self.launches = [(prog, prog.grid(g), _dims(l, "local_size")) for prog, _, g, l in launches]
+    self.launches = [(prog, prog.grid(g, b), b) for prog, _, g, l in launches for b in [_dims(l, "local_size")]]
     device.activate()
     graph = _ffi.new("CUgraph *")
     _call("cuGraphCreate", graph, 0)
@@ -632,7 +662,7 @@ class CUDADevice(Device):
                            f"extern \"C\" __global__?")
       check("cuModuleGetFunction", code)
       progs[n] = CUDAProgram(n, self, fn[0], params[n], path, dynamic_shared_bytes(source, n), tensor_maps(source, n),
-                             persistent(source, n))
+                             persistent(source, n), cluster_blocks(source, n))
     return progs
 
   def _module(self, path: Path) -> Any:

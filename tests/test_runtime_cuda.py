@@ -139,13 +139,15 @@ def test_parameters_come_from_the_source():
 
 
 def test_a_kernels_tensor_maps_are_declared_before_its_name_and_passed_after_its_buffers():
-  from runtime.cuda import TensorMapDecl, persistent, tensor_maps
-  src = ('extern "C" __global__ __launch_bounds__(384, 1) G_SHARED(1024) G_PERSISTENT G_TMAP(1, 2, 512, 2048, 520, 64, 128, 8) '
-         'void k(half* data0, const half* data1, const __grid_constant__ g_tensor_map g_map_a) {}')
+  from runtime.cuda import TensorMapDecl, cluster_blocks, persistent, tensor_maps
+  src = ('extern "C" __global__ __launch_bounds__(384, 1) G_SHARED(1024) G_PERSISTENT __cluster_dims__(2, 1, 1) '
+         'G_TMAP(1, 2, 512, 2048, 520, 64, 128, 8) void k(half* data0, const half* data1, const __grid_constant__ g_tensor_map g_map_a) {}')
   # the map of parameter 1's buffer: 2048 rows of 512 two-byte elements, 520 apart, from element 8, in 64 x 128 boxes
   assert tensor_maps(src, "k") == [TensorMapDecl(1, 2, 512, 2048, 520, 64, 128, 8)]
   assert kernel_params(src, "k") == ["CUdeviceptr", "CUdeviceptr", "CUtensorMap"]
   assert tensor_maps(KERNELS, "add") == [] and persistent(src, "k") and not persistent(KERNELS, "add")
+  # launched in clusters of 2 blocks (a persistent one: in whole clusters, as many as the GPU holds at once)
+  assert cluster_blocks(src, "k") == 2 and cluster_blocks(KERNELS, "add") == 1
 
 
 # ---------------------------------------------------------------- with a GPU

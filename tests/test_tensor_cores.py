@@ -174,12 +174,16 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
 
 def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpgroup():
   from renderers.cuda import renderer
-  from runtime.cuda import TensorMapDecl, dynamic_shared_bytes, kernel_params, persistent, tensor_maps
+  from runtime.cuda import TensorMapDecl, cluster_blocks, dynamic_shared_bytes, kernel_params, persistent, tensor_maps
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
-  # 2 consumer warpgroups and the producer's; 4 slices of 128x256 (6 of 128x128) and their two mbarriers each
-  assert "g_tma_pipeline<half, 128, 256, 4, false, 512>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
-  assert "g_tma_pipeline<half, 128, 256, 4, true, 512>" in nt                                        # B along k
-  assert "g_tma_pipeline<__nv_bfloat16, 128, 128, 6, false, 256>" in bf16   # 128x256 gives 72 blocks: 128x128
+  # 2 consumer warpgroups and the producer's; 4 slices of 128x256 (6 of 128x128) and their two mbarriers each; clusters
+  # of 2 blocks (consecutive rows of tiles, the same columns) sharing B's tile by multicast
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 512, 2>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
+  assert "g_tma_pipeline<half, 128, 256, 4, true, 512, 2>" in nt                                        # B along k
+  assert "g_tma_pipeline<__nv_bfloat16, 128, 128, 6, false, 256, 2>" in bf16   # 128x256 gives 72 blocks: 128x128
+  assert "__cluster_dims__(2, 1, 1)" in nn and cluster_blocks(nn, nn.split(" void ")[1].split("(")[0]) == 2
+  # each block waits for the other at its end (neither ends while the other may still arrive on its barriers)
+  assert nn.count("g_pipe.finish();") == 2
   assert "g_tma_pipeline<" in gelu and "g_tma_pipeline<" not in batched   # (a batch: cp.async)
   name = nn.split(" void ")[1].split("(")[0]
   assert dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024 + 4 * 16
@@ -188,17 +192,19 @@ def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpg
   assert persistent(nn, name) and not persistent(batched, batched.split(" void ")[1].split("(")[0])
   # a long k (65 slices of 64) keeps a block per tile, the hardware handing them out as multiprocessors free up
   long = cuda_text(Tensor(np.zeros((2048, 4160), np.float16)) @ Tensor(np.zeros((4160, 4096), np.float16)))
-  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160>" in long and not persistent(long, long.split(" void ")[1].split("(")[0])
+  # (and takes no cluster: a cluster's blocks start and end together, which a block per tile measured slower)
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160, 1>" in long and "__cluster_dims__" not in long and not persistent(long, long.split(" void ")[1].split("(")[0])
   assert nn.count("for (int g_tile = blockIdx.x; g_tile < 256; g_tile += gridDim.x) {") == 2
   assert nn.index("g_pipe.produce(") < nn.index("g_pipe.consume(") < nn.index("*(half2*)(data0+")
   # the maps, made by the host from the buffers' pointers: A 2048 rows of 512 k in boxes of 64 x 128 rows; B (along j)
-  # 512 rows of 4096 columns in boxes of 64 x 64; B along k, 4096 rows of 512 k in boxes of 64 x 256
+  # 512 rows of 4096 columns in boxes of 64 x 64; B along k, 4096 rows of 512 k in boxes of 64 x 128 (a block's half)
   assert tensor_maps(nn, name) == [TensorMapDecl(1, 2, 512, 2048, 512, 64, 128, 0), TensorMapDecl(2, 2, 4096, 512, 4096, 64, 64, 0)]
-  assert tensor_maps(nt, nt.split(" void ")[1].split("(")[0])[1] == TensorMapDecl(2, 2, 512, 4096, 512, 64, 256, 0)
+  assert tensor_maps(nt, nt.split(" void ")[1].split("(")[0])[1] == TensorMapDecl(2, 2, 512, 4096, 512, 64, 128, 0)
   assert kernel_params(nn, name) == ["CUdeviceptr"] * 3 + ["CUtensorMap"] * 2
   source = renderer.source([nn])
   for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
                  "mbarrier.arrive.expect_tx", "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32",
+                 ".multicast::cluster", "mapa.shared::cluster", "barrier.cluster.wait",
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16"):
     assert needle in source, needle
   assert "cp.async.cg" not in source.split("g_tma_pipeline")[1]   # (the TMA template copies nothing itself)
@@ -271,7 +277,8 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
               Tensor(normal(512, 256, dtype=np.float32), dtype="bfloat16") @ Tensor(normal(256, 512, dtype=np.float32), dtype="bfloat16"),
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
               *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0],   # (a conv on wgmma)
-              Tensor(normal(16896, 576)) @ Tensor(normal(576, 128))]   # one column of blocks, 9 slices (C7514 below)
+              Tensor(normal(16896, 576)) @ Tensor(normal(576, 128)),   # one column of blocks, 9 slices (C7514 below)
+              Tensor(normal(1152, 512)) @ Tensor(normal(512, 4096))]   # 9 rows of tiles: TMA without a cluster
   monkeypatch.delenv("GRAFT_TF32", raising=False)   # a strict float32 convolution: the FMA tile
   strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
@@ -285,7 +292,7 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_tma_pipeline<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
   assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
-  assert sum("g_tma_pipeline<" in k for k in kernels) == 5
+  assert sum("g_tma_pipeline<" in k for k in kernels) == 6 and any("false, 512, 1> g_pipe;" in k for k in kernels)
   assert sum("g_wgmma_tile<float," in k for k in kernels) == 3   # (x @ W: the transposed product, B in registers)
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
@@ -644,7 +651,9 @@ def test_a_float16_transformer_layer_on_tensor_cores_matches_the_cpus_answer(gpu
 @pytest.mark.parametrize("m, k, n, transposed, dtype", [
   (2048, 512, 4096, False, "float16"), (2048, 64, 4096, False, "float16"),   # one slice of k: fewer than the stages
   (2048, 1024, 4096, True, "float16"), (1024, 192, 2304, False, "float16"), (1024, 256, 2304, True, "bfloat16"),
-  (2048, 320, 4096, False, "bfloat16"), (16896, 576, 128, False, "float16")])   # (one column of blocks)
+  (2048, 320, 4096, False, "bfloat16"), (16896, 576, 128, False, "float16"),   # (one column of blocks)
+  (1152, 512, 4096, False, "float16"), (1152, 256, 4096, True, "float16"),   # 9 rows of tiles: no cluster
+  (1024, 4160, 4096, False, "float16")])   # 65 slices of k: a block per tile (no cluster)
 def test_wgmma_products_on_the_gpu_match_numpy(gpu, m, k, n, transposed, dtype):
   a = normal(m, k, dtype=np.float32, seed=1)
   w = normal(n, k, dtype=np.float32, seed=2) if transposed else normal(k, n, dtype=np.float32, seed=2)
@@ -670,7 +679,10 @@ def test_tma_tiles_follow_new_inputs_on_a_warm_call_and_an_offset_view_on_the_gp
   program = last_program()
   got2 = second.numpy().astype(np.float32)
   (ck,) = [ck for ck in program.kernels_called() if "g_tma_pipeline" in ck.source]
-  assert last_program() is program and ck.program.grid(ck.global_size) == (gpu.multiprocessor_count, 1, 1)   # persistent
+  # persistent, in clusters of 2: a block a multiprocessor, in as many whole clusters as the GPU holds at once
+  grid = ck.program.grid(ck.global_size, ck.local_size)
+  assert last_program() is program and ck.program.cluster == 2 and grid[0] % 2 == 0
+  assert gpu.multiprocessor_count - 2 * 8 <= grid[0] <= gpu.multiprocessor_count and grid[1:] == (1, 1)
   assert_allclose(got1, want1, rtol=2e-2, atol=2e-2)
   assert_allclose(got2, want2, rtol=2e-2, atol=2e-2)
   assert rel_err(got2, want1) > 0.1   # (the answers differ: the second is not the first's)

@@ -44,7 +44,9 @@ GRAFT_TC_TILE) keeps mma.sync. A 16-bit product on wgmma whose A and B are both 
 (`TileSpec.tma`, `TensorMaps`: A's rows, B's columns and each operand's offset, which the host's tensor maps need;
 renderers/cuda_tma.py): a producer warpgroup of TMA_PRODUCER threads after the tile's, its threads ending in the
 tile's call (in the graph they hold the accumulators of thread lidx % the tile's threads: the same outputs), and as
-many slices in flight as shared memory holds. A gathered A, a batch, and TF32 keep the cp.async copies.
+many slices in flight as shared memory holds; a tile of at most PERSISTENT_SLICES slices of k is persistent (a block a
+multiprocessor loops over the tiles), in clusters of TMA_CLUSTER blocks that share B's tile by multicast where the rows
+of tiles pair up (`TensorMaps.persistent`, `.cluster`). A gathered A, a batch, and TF32 keep the cp.async copies.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
@@ -103,6 +105,19 @@ TMA_PRODUCER = 128
 # the order blocks run in (`block_order`): groups of 8 rows of tiles, each group's blocks along j in turn
 BLOCK_GROUP = (8, "rows")
 TMA_STAGES = 6
+# a TMA tile of at most this many slices of k is persistent (`TensorMaps.persistent`): a block a multiprocessor loops
+# over its tiles, the producer copying the next tile's first slices while the consumers store the last one's; a longer
+# one keeps a block per tile, which the hardware hands out as multiprocessors free up (H100: 8192x4096 @ 4096x4096 3%
+# faster persistent, 4096^3 the same, 8192^3 6% slower, the static round of tiles finishing unevenly; docs/design.md)
+PERSISTENT_SLICES = 64
+# persistent TMA tiles run in clusters of TMA_CLUSTER blocks sharing B's tile by multicast (renderers/cuda_tma.py):
+# consecutive rows of tiles of the same columns, which the grouped order (`block_order`) gives blocks 2c and 2c + 1 at
+# every turn of the loop; each copies its share of B's slice into both, so a block reads 32 KiB of a 128x256 tile's
+# slice out of L2 instead of 48. H100, side by side (bench/tma_epilogue.py): 8192x4096 @ 4096x4096 0.439 / 0.444 ms,
+# with the GELU 0.450 / 0.456, 4096^3 0.209 / 0.215, 8192^3 persistent 1.635 / 1.697. Not with a block per tile (8192^3
+# 1.691 against 1.675: a cluster's blocks start and end together), nor 4 blocks (0.505 ms: the GPU holds 30 clusters of
+# 4 such blocks, 120 of its 132 multiprocessors)
+TMA_CLUSTER = 2
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
@@ -190,6 +205,8 @@ class TensorMaps:
   cols: int
   a_offset: int
   b_offset: int
+  cluster: int = 1   # blocks of a cluster (consecutive rows of tiles, the same columns) sharing B's tile by multicast
+  persistent: bool = False   # a block a multiprocessor, looping over the tiles (else a block per tile)
 
 
 @dataclass(frozen=True)
@@ -350,7 +367,12 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
   if not wgmma and not fits: return None
   chosen = wgmma[0] if wgmma else next((t for t in fits if blocks((t.bm, t.bn)) >= multiprocessors), fits[-1])
   if chosen.wgmma and gather is None and itemsize == 2 and not batch:
-    chosen = _on_tma(chosen, TensorMaps(m, size(j), ia.get(None, 0), ib.get(None, 0)), max_shared(arch))
+    persistent = chosen.k // chosen.bk <= PERSISTENT_SLICES
+    # (blocks 2c and 2c + 1 take consecutive rows of tiles of the same columns where the rows of tiles are even:
+    # block_order's groups of rows; each block's share of B whole boxes of 64 columns)
+    pairs = (m // chosen.bm) % TMA_CLUSTER == 0 and BLOCK_GROUP[1] == "rows" and chosen.bn // TMA_CLUSTER % 64 == 0
+    maps = TensorMaps(m, size(j), ia.get(None, 0), ib.get(None, 0), TMA_CLUSTER if persistent and pairs else 1, persistent)
+    chosen = _on_tma(chosen, maps, max_shared(arch))
   return Product(st, red, a, b, rows, j, ks, batch, chosen)
 
 
