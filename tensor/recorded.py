@@ -20,11 +20,12 @@ tensor's memory: tensor/assign.py). Errors are raised by the operations, on ever
 nothing.
 """
 from __future__ import annotations
-import functools, math
+import functools, math, threading
 from rewrite import UOp, Ops, DType
 from rewrite.uop import _intern, _UOpFields
 from rules.shapes import shape_of
 from .autograd import grad_enabled
+from .assign import made_inside
 
 MAX_RECORDS = 512
 
@@ -65,6 +66,16 @@ def built(u: UOp | Unbuilt) -> UOp: return u.build() if u.__class__ is Unbuilt e
 
 
 _records: dict[tuple, Record] = {}
+
+
+class _Depth(threading.local):
+  depth = 0   # the first calls (recording) running in this thread
+
+
+# A composite called inside another's first call runs as plain operations: its result node unmarked, as the outer
+# composite's replays build it (a gradient reads the nodes inside; marked on the first call only, the first call's
+# program would be another than the replays')
+_recording = _Depth()
 _made = _UOpFields._made   # the slot's descriptor (UOp itself refuses attribute writes)
 
 
@@ -132,6 +143,7 @@ def recorded(method):
 
   @functools.wraps(method)
   def run(self, *args, **kwargs):
+    if _recording.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
     stands, parts = [], [name, grad_enabled()]
     for a in (self, *args):
       if hasattr(a, "uop"):
@@ -146,10 +158,13 @@ def recorded(method):
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
     if rec is not None: return self._from_unbuilt(Unbuilt(rec, stands), rec.shape, self.device)
-    out = method(self, *args, **kwargs)
+    _recording.depth += 1
+    try: out = method(self, *args, **kwargs)
+    finally: _recording.depth -= 1
     if (made := _record(out.uop, stands)) is not None:
       if len(_records) >= MAX_RECORDS: _records.clear()
       _records[key] = rec = Record(name, *made, out.shape, out.uop.dtype)
       rec.mark(out.uop, stands)   # (the first call's key is the replays')
+      made_inside(out)
     return out
   return run
