@@ -167,7 +167,8 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
   """(key, parameters) of the graphs `uops` written into `targets`: the key is the graphs' nodes sources first, each
   as (op, dtype, arg, the places of its sources), an existing BUFFER as ("param", dtype, size, device), a node a
   recorded composite made (UOp._made) as ("composite", dtype, its record, the places of its stand-ins), the nodes
-  between not walked; the parameters are those BUFFERs, in that order (the targets' last). Exact: two graphs share a
+  between not walked (a replay not built yet, tensor/recorded.py Unbuilt, is keyed so too), then the outputs' places;
+  the parameters are those BUFFERs, in that order (the targets' last). Exact: two graphs share a
   key only when one is the other with its existing buffers renamed, aliasing included (a + a is not a + b): a record
   replayed over stand-ins of one structure builds one structure. One pass over the graph."""
   place: dict[UOp, int] = {}
@@ -175,7 +176,7 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
   params: list[UOp] = []
   # its own walk, sources first in the order of `toposort` (the same key whether or not a node's toposort is cached),
   # caching nothing on the graph: a warm call on new data walks a new graph, and costs what one on the same data does
-  stack = [(uops[0] if len(uops) == 1 else UOp(Ops.SINK, src=tuple(uops)), None)]
+  stack = [(u, None) for u in reversed(uops)]
   pop, push, BUFFER = stack.pop, stack.append, Ops.BUFFER
   while stack:
     n, made = pop()
@@ -197,7 +198,7 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
     if t[0] not in place:
       place[t[0]] = len(parts); parts.append(("param", t[0].dtype, t[0].arg.size, t[0].arg.device)); params.append(t[0])
     written.append((place[t[0]], t[1]))
-  return (tuple(parts), tuple(written)), params
+  return (tuple(parts), tuple([place[u] for u in uops]), tuple(written)), params
 
 
 def build_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | None = None) -> Program:
@@ -224,6 +225,7 @@ def find_program(outputs: list[tuple[UOp, str]], targets: list[Target | None] | 
   # (REWRITE_STATS wants to see the pipeline's work, so statistics always run it)
   if program is None or stats.active:
     cache.cache_dir()   # a bad GRAFT_CACHE is an error before anything compiles (a warm call reads no cache)
+    uops = [u if u.__class__ is UOp else u.build() for u in uops]   # (an unbuilt replay: tensor/recorded.py)
     with viz.scope("realize") as recorded:
       program = _build(_lower(uops, list(devices), targets), params)
     program.key = key   # (jit compares the programs of two calls by it)

@@ -106,6 +106,13 @@ def _prune_index() -> None:
 def _unregister(t) -> None: t._viewing = None
 
 
+def made_inside(t) -> None:
+  """t is a recorded composite's first result (tensor/recorded.py): a view it takes of a lazy tensor is of one made
+  inside the composite, which no one else holds. It is no view, as the composite's replays are not (and its first
+  call's program is theirs)."""
+  if (e := t._viewing) is not None and isinstance(e.base, weakref.ref): _unregister(t)
+
+
 def _viewers(base) -> list:
   """The live tensors that view `base` (a Buffer or a lazy tensor), with their entries."""
   with _lock: refs = list(_by_base.get(id(base), {}).values())

@@ -304,7 +304,7 @@ def _binding_difference(x: Binding, y: Binding, earlier: _Trace) -> str | None:
 
 def _program_difference(ka: tuple, kb: tuple) -> str:
   """The first node where two programs' keys (runtime/realize.py graph_key) differ, as words."""
-  (pa, _), (pb, _) = ka[0], kb[0]
+  pa, pb = ka[0][0], kb[0][0]
   for x, y in zip(pa, pb):
     if x != y:
       show = lambda p: f"{p[0]} {_shown(p[2])}" if p[0] != "param" else f"a {p[1].name}[{p[2]}] buffer"

@@ -2,7 +2,9 @@
 tensor operations (promotion, broadcasting, views, a Tensor each), and a warm call of a model builds it anew on
 every call, over a new input. Its nodes above the inputs are the same on every call for inputs of one kind, so the
 first call records them and later calls make just those nodes again over the new inputs (hash-consing makes them
-the very nodes the operations would have built: the graph is the same, and so is everything that follows).
+the very nodes the operations would have built: the graph is the same, and so is everything that follows). A later
+call's result is `Unbuilt` until its graph is read: realized at once, its program is found by the record and the
+inputs, and the nodes are not made at all.
 
 What a record stands on. An input that is a VIEW is replayed from its source (a movement of a VIEW merges into it,
 so the record depends on the View, not on what is under it); any other input from its own node. The key is the
@@ -18,11 +20,12 @@ tensor's memory: tensor/assign.py). Errors are raised by the operations, on ever
 nothing.
 """
 from __future__ import annotations
-import functools, math
+import functools, math, threading
 from rewrite import UOp, Ops, DType
 from rewrite.uop import _intern, _UOpFields
 from rules.shapes import shape_of
 from .autograd import grad_enabled
+from .assign import made_inside
 
 MAX_RECORDS = 512
 
@@ -32,10 +35,10 @@ class Record:
   shape. Its result node is marked as made by it (UOp._made: this record, the stand-ins), so a program's key names
   that node by the record and its stand-ins (runtime/realize.py graph_key), not by the nodes between; compared by
   identity."""
-  __slots__ = ("name", "fixed", "steps", "shape")
+  __slots__ = ("name", "fixed", "steps", "shape", "dtype")
 
-  def __init__(self, name: str, fixed: list[UOp], steps: list[tuple], shape: tuple[int, ...]):
-    self.name, self.fixed, self.steps, self.shape = name, fixed, steps, shape
+  def __init__(self, name: str, fixed: list[UOp], steps: list[tuple], shape: tuple[int, ...], dtype: DType):
+    self.name, self.fixed, self.steps, self.shape, self.dtype = name, fixed, steps, shape, dtype
 
   def mark(self, out: UOp, stands: list[UOp]) -> UOp:
     _made.__set__(out, (self, tuple(stands)))
@@ -44,7 +47,35 @@ class Record:
   def __repr__(self) -> str: return self.name
 
 
+class Unbuilt:
+  """A replay not made yet: the result of `record` over the nodes `stands`, as a program's key names it (`_made`,
+  `dtype`: runtime/realize.py graph_key). A warm call that realizes a composite's result at once (`x.softmax(1)`,
+  `.realize()`) finds its program by the key alone and never builds the nodes between; anything else that reads the
+  result's graph builds it first (Tensor.uop), the very nodes a replay makes."""
+  __slots__ = ("_made", "dtype")
+
+  def __init__(self, record: Record, stands: list[UOp]):
+    self._made, self.dtype = (record, tuple(stands)), record.dtype
+
+  def build(self) -> UOp:
+    record, stands = self._made
+    return record.mark(_replay(record, list(stands)), stands)
+
+
+def built(u: UOp | Unbuilt) -> UOp: return u.build() if u.__class__ is Unbuilt else u
+
+
 _records: dict[tuple, Record] = {}
+
+
+class _Depth(threading.local):
+  depth = 0   # the first calls (recording) running in this thread
+
+
+# A composite called inside another's first call runs as plain operations: its result node unmarked, as the outer
+# composite's replays build it (a gradient reads the nodes inside; marked on the first call only, the first call's
+# program would be another than the replays')
+_recording = _Depth()
 _made = _UOpFields._made   # the slot's descriptor (UOp itself refuses attribute writes)
 
 
@@ -112,6 +143,7 @@ def recorded(method):
 
   @functools.wraps(method)
   def run(self, *args, **kwargs):
+    if _recording.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
     stands, parts = [], [name, grad_enabled()]
     for a in (self, *args):
       if hasattr(a, "uop"):
@@ -125,11 +157,14 @@ def recorded(method):
     key = tuple(parts)
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
-    if rec is not None: return self._from_uop(rec.mark(_replay(rec, stands), stands), rec.shape, self.device)
-    out = method(self, *args, **kwargs)
+    if rec is not None: return self._from_unbuilt(Unbuilt(rec, stands), rec.shape, self.device)
+    _recording.depth += 1
+    try: out = method(self, *args, **kwargs)
+    finally: _recording.depth -= 1
     if (made := _record(out.uop, stands)) is not None:
       if len(_records) >= MAX_RECORDS: _records.clear()
-      _records[key] = rec = Record(name, *made, out.shape)
+      _records[key] = rec = Record(name, *made, out.shape, out.uop.dtype)
       rec.mark(out.uop, stands)   # (the first call's key is the replays')
+      made_inside(out)
     return out
   return run

@@ -8,6 +8,7 @@ import math
 from rewrite import UOp, Ops, dtypes
 from .promotion import to_dtype
 from .args import normalize_axes, axis_of
+from .recorded import recorded
 
 
 def _order_flip(x):
@@ -30,6 +31,7 @@ class ReduceMixin:
   def _reduced_count(self, axis) -> int:
     return math.prod(self.shape[d] for d in normalize_axes(axis, self.shape, "reduce"))
 
+  @recorded   # (a warm call of a row reduction, realized at once, builds no node: tensor/recorded.py)
   def sum(self, axis=None, keepdim=False, dtype=None):
     """Sum over `axis` (int, tuple or None for all). bool and small ints sum as int32, int64 as int64 (`dtype`
     overrides); a float16 or bfloat16 result adds up in float32 and rounds once at the end."""
@@ -39,6 +41,7 @@ class ReduceMixin:
     acc = dtypes.float32 if out.is_half else out
     return self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "sum").cast(out)
 
+  @recorded
   def mean(self, axis=None, keepdim=False):
     """Sum / count; integers average as float32."""
     out = self.dtype if self.dtype.is_float else dtypes.default_float
@@ -46,6 +49,7 @@ class ReduceMixin:
     n = self._reduced_count(axis)
     return (self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "mean") / (n if n else math.nan)).cast(out)
 
+  @recorded
   def max(self, axis=None, keepdim=False):
     if any(self.shape[d] == 0 for d in normalize_axes(axis, self.shape, "max")):
       raise ValueError(f"max/min/argmax over an empty axis of a tensor of shape {self.shape}: there is no value to "

@@ -52,8 +52,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   bfloat16 (which numpy lacks) is made from float data with `dtype=dtypes.bfloat16` (rounded to nearest even) and
   `numpy()` gives its values as float32 (exactly); `Tensor.from_bf16_bits` / `bf16_bits()` move the raw uint16 bits."""
   # _requires_grad and grad belong to the gradient API (tensor/autograd.py); weak references: the registry of views
-  # (assign.py) and of tensors that require gradients (autograd.py); _viewing: what it views (assign.py's registry)
-  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "_viewing", "__weakref__")
+  # (assign.py) and of tensors that require gradients (autograd.py); _viewing: what it views (assign.py's registry);
+  # _unbuilt: set (and `uop` not) on a recorded composite's result whose nodes are not made yet (tensor/recorded.py)
+  __slots__ = ("uop", "shape", "device", "_requires_grad", "grad", "_viewing", "_unbuilt", "__weakref__")
   __array_ufunc__ = None    # `np.float32(2) * t` must come to our reflected operators, not to a numpy loop
   __hash__ = object.__hash__  # `==` builds a graph, so tensors hash by identity
 
@@ -87,6 +88,25 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
       uop, shape if shape.__class__ is tuple else tuple(shape), device, False, None, None
     return note(t)   # the memory it views, if it is a view of memory (tensor/assign.py)
+
+  @classmethod
+  def _from_unbuilt(cls, unbuilt, shape: tuple[int, ...], device: str) -> Tensor:
+    """A recorded composite's result (tensor/recorded.py Unbuilt), its graph made when first read (`__getattr__`)."""
+    t = object.__new__(cls)
+    t._unbuilt, t.shape, t.device, t._requires_grad, t.grad, t._viewing = unbuilt, shape, device, False, None, None
+    return t
+
+  def __getattr__(self, name: str):
+    # called only for an attribute not found: `uop` of an unbuilt result is made here, once
+    if name == "uop" and (unbuilt := _take_unbuilt(self)) is not None:
+      self.uop = unbuilt.build()
+      return note(self).uop
+    raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+  def _graph(self):
+    """What a program's key reads of this tensor: its graph, or the record and inputs of an unbuilt result."""
+    try: return _uop_slot(self)
+    except AttributeError: return _unbuilt_slot.__get__(self)
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
     """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
@@ -179,7 +199,8 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   # ---- realizing ----
   @property
   def is_realized(self) -> bool:
-    u = self.uop
+    try: u = _uop_slot(self)   # (not built by asking)
+    except AttributeError: return False
     return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.is_contiguous
 
   def realize(self) -> Tensor:
@@ -193,9 +214,10 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     todo = pending(tensors)
     if not todo: return
     from runtime.realize import realize, wait
-    outs = realize([(t.uop, t.device) for t in todo], wait=False)
+    outs = realize([(t._graph(), t.device) for t in todo], wait=False)
     for t, u in zip(todo, outs):   # (while a GPU runs the work: the graphs let go here cost no wall time)
       t.uop = u
+      _take_unbuilt(t)
       realized(t)
     wait()
 
@@ -282,6 +304,15 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
 
 
 _new_tensor = object.__new__
+_uop_slot, _unbuilt_slot = Tensor.uop.__get__, Tensor._unbuilt   # the slots themselves: reading one never builds
+
+
+def _take_unbuilt(t: Tensor):
+  """t's unbuilt result (None when it has none), cleared: once t has its graph, the record's inputs are not held."""
+  try: unbuilt = _unbuilt_slot.__get__(t)
+  except AttributeError: return None
+  _unbuilt_slot.__delete__(t)
+  return unbuilt
 
 
 def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)

@@ -24,6 +24,9 @@ DIRECT = {   # the same calls, through the undecorated methods: built by the ten
   "tanh": Tensor.tanh.__wrapped__, "x @ x.T": lambda x: Tensor.matmul.__wrapped__(x, (x + 1).T),
   "x.T @ x": lambda x: Tensor.matmul.__wrapped__(x.T, x * 2),
   "matmul to float32": lambda x: Tensor.matmul.__wrapped__(x, x.T * 3, dtype=dtypes.float32),
+  "sum": lambda x: Tensor.sum.__wrapped__(x, 1), "sum of all": Tensor.sum.__wrapped__,
+  "mean keepdim": lambda x: Tensor.mean.__wrapped__(x, 0, keepdim=True), "max": lambda x: Tensor.max.__wrapped__(x, -1),
+  "sum to float32": lambda x: Tensor.sum.__wrapped__(x, (0, 1), dtype=dtypes.float32),
 }
 
 
@@ -123,3 +126,30 @@ def test_a_float_argument_of_negative_zero_is_not_the_record_of_zero():
   for eps in (0.0, -0.0, 0.0):
     assert x.layernorm(1, eps=eps).uop is build(x, 1, eps=eps).uop
     assert x.layernorm(1, eps).uop is build(x, 1, eps).uop
+
+
+def test_a_replayed_result_realized_at_once_finds_its_program_without_building_its_nodes(monkeypatch):
+  # a warm call `x.softmax(1).realize()`: the program is found by the record and the input; the nodes between the
+  # input and the result are never made (tensor/recorded.py Unbuilt)
+  built = []
+  replay = recorded._replay
+  monkeypatch.setattr(recorded, "_replay", lambda rec, stands: built.append(rec) or replay(rec, stands))
+  arrays = [np.random.default_rng(seed).standard_normal((3, 8)).astype(np.float32) for seed in range(4)]
+  Tensor(arrays[0]).softmax(1).numpy()   # the first call records (and compiles)
+  for a in arrays[1:]:
+    x = Tensor(a)
+    buf = weakref.ref(x.uop.src[0].arg)
+    out = x.softmax(1)
+    assert not out.is_realized and out.shape == (3, 8)
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert out.is_realized and built == []
+    del x
+    gc.collect()
+    assert buf() is None   # the realized result no longer holds its input
+  # anything that reads the result's graph builds it: the very node the operations make
+  x = Tensor(arrays[1])
+  out = x.softmax(1)
+  assert out.uop is Tensor.softmax.__wrapped__(x, 1).uop and [r.name for r in built].count("NNMixin.softmax") == 1
+  np.testing.assert_allclose((x.softmax(1) + 1).numpy(), out.numpy() + 1, rtol=1e-6)
+  with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"): out.no_such_thing

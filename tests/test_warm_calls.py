@@ -136,3 +136,18 @@ def test_a_composite_over_another_kind_of_input_or_inside_a_graph_is_another_key
   one, param = rt.graph_key([(a.softmax(1) + a.softmax(1)).uop])
   assert two != one and len(params) == 2 and len(param) == 1       # aliasing counts through composites too
   np.testing.assert_allclose((a.softmax(1) + b.softmax(1)).numpy(), np.full((4, 6), 2 / 6), rtol=1e-6)
+
+
+def test_a_composite_inside_anothers_first_call_leaves_that_call_the_program_of_the_later_ones():
+  # logsumexp's first call calls max and sum, which are composites too; its gradient reads the nodes inside, so they
+  # must be the nodes its replays build (unmarked), or the first call would compile a program of its own
+  rng = np.random.default_rng(3)
+  programs = []
+  for _ in range(3):
+    x = Tensor(rng.standard_normal((7, 13)).astype(np.float32), requires_grad=True)   # (a shape no other test uses)
+    x.logsumexp(1).sum().backward()
+    grad = x.grad.numpy()
+    programs.append(rt.last_program())
+    e = np.exp(x.numpy() - x.numpy().max(1, keepdims=True))
+    np.testing.assert_allclose(grad, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+  assert programs[0] is programs[1] is programs[2]
