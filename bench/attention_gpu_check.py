@@ -27,7 +27,7 @@ for flag in ("lanes", "unroll"):
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rules.attention
-if args.lanes: rules.attention.LANES, rules.attention.GPU_THREADS = int(args.lanes), 1 << 62   # exactly that many
+if args.lanes: rules.attention.LANES, rules.attention.THREADS_PER_SM = int(args.lanes), 1 << 62   # exactly that many
 import renderers.attention_cuda
 if args.unroll: renderers.attention_cuda.UNROLL = int(args.unroll)
 from tensor import Tensor

@@ -56,11 +56,11 @@ LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each
 # (runtime/realize.py `tiled_attention`). CPU: always; renderers/attention_c.py (query rows x keys in registers) is as
 # fast per core as the three unfused kernels (8x512x64, one thread, `bench/cpu_steps.py --only whole` alternated with
 # GRAFT_ATTENTION=0: 5.86-6.09 ms against 5.82-5.92), with no T x T buffer and one parallel loop. GPU: where its query
-# rows give renderers/attention_cuda.py (2 threads a row) GPU_THREADS threads at least: its parallelism is the rows,
+# rows give renderers/attention_cuda.py (2 threads a row) THREADS_PER_SM threads a multiprocessor at least: its parallelism is the rows,
 # the unfused products' rows x keys. H100: 32x1024x64 (65536 threads) fused 0.45 ms against 0.68 unfused; the GPT
 # forward's 12 heads x 1024 causal (24576 threads) jit 7.25 ms fused against 6.70 unfused (docs/design.md)
 TILED_THREADS_PER_ROW = 2
-GPU_THREADS = 132 * 256    # threads below which a GPU is not kept busy (an H100's SMs, 8 warps each)
+THREADS_PER_SM = 256   # threads a multiprocessor below which a GPU is not kept busy (8 warps each)
 MAX_HEAD = {False: 256, True: 128}   # head dimension whose accumulator row fits, by device_loops (CPU, GPU registers)
 
 
@@ -75,9 +75,13 @@ class OnlineSoftmax:
 
 @dataclass
 class AttentionContext:
-  """The attention stage's context: whether the device maps loops onto its threads, and what it decided (DEBUG=2)."""
+  """The attention stage's context: whether the device maps loops onto its threads (and its multiprocessors: the
+  runtime asks the driver, rules/pipeline.py Run), and what it decided (DEBUG=2)."""
   device_loops: bool = False
+  multiprocessors: int = 132
   notes: list[str] = field(default_factory=list)
+  @property
+  def gpu_threads(self) -> int: return self.multiprocessors * THREADS_PER_SM
   def note(self, why: str):
     if why not in self.notes: self.notes.append(why)
 
@@ -145,23 +149,23 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
   if (force := fusion_switch()) is False:
     ctx.note(f"attention not fused: {what}: GRAFT_ATTENTION=0; three kernels instead")
     return None
-  if force is None and ctx.device_loops and rows * TILED_THREADS_PER_ROW < GPU_THREADS:
+  if force is None and ctx.device_loops and rows * TILED_THREADS_PER_ROW < ctx.gpu_threads:
     ctx.note(f"attention not fused: {what}: its {rows} query rows give the GPU's fused kernel {rows * TILED_THREADS_PER_ROW} "
-             f"threads, under the {GPU_THREADS} that keep a GPU busy (GRAFT_ATTENTION=1 fuses it); three kernels instead")
+             f"threads, under the {ctx.gpu_threads} that keep a GPU busy (GRAFT_ATTENTION=1 fuses it); three kernels instead")
     return None
   block = min(BLOCK, tk)
-  lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq) if ctx.device_loops else 1
+  lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq, ctx.gpu_threads) if ctx.device_loops else 1
   ctx.note(f"attention fused: {what} is one kernel, an online softmax over blocks of {block} keys"
            f"{f' in {lanes} chunks a row' if lanes > 1 else ''} (no {tq}x{tk} buffer)")
   return UOp(Ops.REDUCE_AXIS, r.dtype, (values, scores), (OnlineSoftmax(block, lanes), r.arg[1]))
 
 
-def gpu_lanes(steps: int, rows: int) -> int:
+def gpu_lanes(steps: int, rows: int, gpu_threads: int) -> int:
   """Chunks of keys a GPU row is split into: one (a thread a row, the warp's loads of keys and values the same address:
-  one transaction) unless the rows are too few to give the GPU GPU_THREADS threads; then up to LANES, each chunk at
+  one transaction) unless the rows are too few to give the GPU `gpu_threads` threads; then up to LANES, each chunk at
   least MIN_STEPS blocks of keys long."""
   lanes = 1
-  while lanes < LANES and steps >= 2 * lanes * MIN_STEPS and rows * lanes < GPU_THREADS: lanes *= 2
+  while lanes < LANES and steps >= 2 * lanes * MIN_STEPS and rows * lanes < gpu_threads: lanes *= 2
   return lanes
 
 

@@ -98,7 +98,7 @@ def _host_ctx(run: Run) -> HostContext: return run.host
 
 
 def _attention_ctx(run: Run) -> AttentionContext:
-  run.attention = AttentionContext(run.device_loops)
+  run.attention = AttentionContext(run.device_loops, run.multiprocessors)
   return run.attention
 
 
@@ -184,7 +184,7 @@ pipeline = Pipeline([
   Stage("lower", online_softmax_lower_rules + lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
   Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
-  Stage("attention_rows", head_loop_rules, "kernel", lambda run: AttentionContext(run.device_loops)),
+  Stage("attention_rows", head_loop_rules, "kernel", lambda run: AttentionContext(run.device_loops, run.multiprocessors)),
   # a 16-bit product on tensor cores; a kernel it maps is mapped already for the opt stages (rules/opt/tensor_core.py)
   Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
   # a convolution's rows and its reduction each one loop, for the GPU's product tiles (rules/opt/implicit.py)

@@ -253,6 +253,7 @@ def _lower(uops: list[UOp], devices: list[str], targets: list[Target | None], to
   device)."""
   run = Run(devices[0] if devices else "CPU")
   run.device_loops = bool(devices) and getattr(renderer_of(run.device), "device_loops", False)
+  run.multiprocessors = grid_multiprocessors(run.device) or run.multiprocessors   # (the attention stage's threads)
   kernels, realized = schedule(uops, devices, run)
   for shape, buf in new_buffers(kernels) if to_run else (): check_allocatable(buf.arg.device, shape, buf.dtype)  # before compiling
   kernels, outputs, returned, wanted = list(kernels), [], [], {}

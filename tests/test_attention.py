@@ -439,3 +439,14 @@ def test_generated_cuda_compiles_for_sm90_without_spills(tmp_path):
                         check=True, capture_output=True, text=True)
   spills = re.findall(r"(\d+) bytes spill stores", done.stderr)
   assert len(spills) == 4 and set(spills) == {"0"}, done.stderr
+
+
+def test_whether_the_gpu_fuses_attention_follows_its_multiprocessor_count(monkeypatch):
+  # 4 x 1024 query rows give the fused kernel 8192 threads: under what keeps an H100's 132 multiprocessors busy (the
+  # unfused kernels), enough for a GPU of 16 (one kernel). The runtime asks the driver for the count (Run.multiprocessors)
+  from rules.pipeline import Run, schedule
+  monkeypatch.delenv("GRAFT_ATTENTION")   # (the module's tests fuse at every size)
+  q, k, v = (Tensor(randn(4, 1024, 64)) for _ in range(3))
+  out = attention(q, k, v)
+  kernels = lambda sms: schedule([out.uop], ["CPU"], Run("CPU", parallel=False, device_loops=True, multiprocessors=sms))[0]
+  assert len(kernels(132)) > 1 and len(kernels(16)) == 1
