@@ -66,9 +66,14 @@ def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(v
 @dataclass(frozen=True)
 class Realized:
   """The arg of a CONTIGUOUS the realize stage put in: the device of the buffer (None: its inputs') and why it
-  exists, naming the rule that decided it (shown at DEBUG=2)."""
+  exists, naming the rule that decided it (shown at DEBUG=2). `own`: memory of its own even where the value is a
+  whole buffer already (`Tensor.clone()`; a `contiguous()` of such a value is that buffer)."""
   device: str | None
   why: str
+  own: bool = False
+
+
+CLONE = Realized(None, "clone(): memory of its own", own=True)
 
 
 @dataclass
@@ -135,7 +140,9 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
   stored = [s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None for s in sink.src]
   once = {c for c in stored if c is not None and c.arg is None and stored.count(c) == 1}
   swap: dict[UOp, UOp] = {}
-  def output(s: UOp, device: str) -> UOp:
+  def output(s: UOp, device: str, i: int) -> UOp:
+    if s.op is Ops.CONTIGUOUS and s.arg is not None and s.arg.own and s.arg.device is None:   # a clone, on the output's device
+      return s.replace(arg=Realized(device, f"{s.arg.why}, output {i} of this realize", own=True))
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
     if (c := s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None) in once:
       out = UOp(Ops.CONTIGUOUS, s.dtype, (c.src[0] if s is c else s.replace(src=c.src),),
@@ -143,9 +150,10 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
       swap[c] = out if s is c else UOp(Ops.VIEW, c.dtype, (out,), View.contiguous(shape_of(c)))   # read back as stored
       return out
     # a user's contiguous() that is an output still lives on the output's device
-    if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize"))
-    return decide(ctx, s, "an output of this realize", device)
-  srcs = tuple(output(s, sink.arg[i]) for i, s in enumerate(sink.src))
+    # (each output its own buffer: two equal outputs are two tensors, and a write into one must not change the other)
+    if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, f"contiguous() in the program, output {i} of this realize"))
+    return decide(ctx, s, f"output {i} of this realize", device)
+  srcs = tuple(output(s, sink.arg[i], i) for i, s in enumerate(sink.src))
   if srcs == sink.src: return None
   return substitute(UOp(Ops.SINK, sink.dtype, srcs, sink.arg), swap) if swap else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)
 
@@ -244,7 +252,8 @@ realize_rules = PatternMatcher([
   (UPat(Ops.SINK, name="sink"), _realize_output),
   detached_is_its_source,
   # contiguous() of what already is a whole buffer in order is that buffer
-  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.VIEW, name="v"),)), lambda v: v if is_buffer_view(v) else None, "buffer_view_is_realized"),
+  (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.VIEW, name="v"),)),
+   lambda c, v: v if is_buffer_view(v) and not (c.arg is not None and c.arg.own) else None, "buffer_view_is_realized"),
   (UPat(Ops.CONTIGUOUS, name="c", src=(UPat(Ops.CONTIGUOUS, name="x"),)), lambda c, x: x, "merge_nested_contiguous"),
   # a reduction read through an expand is computed once, into a buffer
   (UPat(Ops.VIEW, name="v", src=(UPat(name="x"),)), _realize_before_expand),

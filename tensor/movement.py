@@ -125,7 +125,7 @@ class MovementMixin:
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: give one (before, after) pair per dimension")
     if any(b < 0 or a < 0 for b, a in padding):
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: pads must be >= 0 (use shrink to cut)")
-    if all(p == (0, 0) for p in padding): return self
+    if all(p == (0, 0) for p in padding): return self.clone()   # (numpy's pad is a copy, of any width)
     countable(tuple(s + b + a for s, (b, a) in zip(self.shape, padding)), f"pad {padding} of a tensor of shape {self.shape}")
     out = self._view(View.pad, padding)
     if value == 0 and math.copysign(1, value) > 0: return out  # a masked-off element of a View reads 0 (not -0.0)
@@ -237,7 +237,7 @@ class MovementMixin:
     for t in ts[1:]:
       if t.ndim != self.ndim or any(a != b for d, (a, b) in enumerate(zip(t.shape, self.shape)) if d != ax):
         raise ValueError(f"cat along axis {axis}: shapes {', '.join(str(x.shape) for x in ts)} differ off that axis")
-    if len(ts) == 1: return self
+    if len(ts) == 1: return self.clone()   # (numpy's concatenate is a copy, of one array too)
     dt = result_dtype(ts)
     total, start, out = sum(t.shape[ax] for t in ts), 0, None
     for t in ts:

@@ -15,6 +15,7 @@ import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
 from rewrite.dtypes import bf16_bits, bf16_to_float32, bf16_round
 from rules.strided_view import View, scalar_view
+from rules.realize import CLONE
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
 from .args import shape_arg, device_name, countable
 from .elementwise import ElementwiseMixin
@@ -188,6 +189,10 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     """This tensor, stored in a buffer of its own in row-major order when realized."""
     if self.is_realized: return self
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+  def clone(self) -> Tensor:
+    """A copy in memory of its own (torch's clone, numpy's copy): a write into either leaves the other as it was."""
+    return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), CLONE))
 
   def to(self, device) -> Tensor:
     """This tensor on `device` ("CPU", "CUDA"): a COPY node, or the tensor itself when it is there already."""

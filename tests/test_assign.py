@@ -230,3 +230,31 @@ def test_a_nested_list_is_taken_in_the_tensors_dtype():
   t[1] = [4, 5, 6]
   t[:, 0] = [7, 8]
   np.testing.assert_array_equal(t.numpy(), [[7, 0, 0], [8, 5, 6]])
+
+
+def test_two_equal_tensors_realized_together_are_two_memories():
+  # one graph, two tensors: hash-consing makes them one node, but a write into one must leave the other as it was
+  x = Tensor(np.array([1.0, 2.0], np.float32))
+  a, b = x + 1, x + 1
+  Tensor.realize_all(a, b)
+  a[0] = 100.0
+  np.testing.assert_array_equal(b.numpy(), [2.0, 3.0])
+  np.testing.assert_array_equal(a.numpy(), [100.0, 3.0])
+
+
+@pytest.mark.parametrize("copy", ["clone", "pad of nothing", "cat of one"])
+def test_a_copy_of_memory_keeps_its_values_when_the_original_is_written(copy):
+  # numpy's pad and concatenate copy whatever the widths (the fuzz found a pad of zero width that was the tensor itself)
+  make = {"clone": lambda t: t.clone(), "pad of nothing": lambda t: t.pad(((0, 0),), value=-2.0),
+          "cat of one": lambda t: t.cat()}[copy]
+  for realize_first in (False, True):
+    x = Tensor(np.array([3.0, 2.0], np.float32))
+    y = make(x)
+    if realize_first: y.realize()
+    x[0] = 5.0
+    np.testing.assert_array_equal(y.numpy(), [3.0, 2.0])
+    y[1] = 7.0
+    np.testing.assert_array_equal(x.numpy(), [5.0, 2.0])
+  two = Tensor(np.ones(3, np.float32)).clone()
+  Tensor.realize_all(two, two.clone())
+  assert two.clone().numpy().tolist() == [1.0, 1.0, 1.0]
