@@ -119,13 +119,19 @@ class MovementMixin:
     return self._view(View.reshape, shape)
 
   def pad(self, padding, value=0.0):
-    """Grow each dimension by (before, after) elements holding `value`; one pair per dimension, or None for (0, 0)."""
+    """Grow each dimension by (before, after) elements holding `value`; one pair per dimension, or None for (0, 0).
+    A new tensor even where every width is 0 (a copy, as numpy's pad)."""
+    out = self._pad(padding, value)
+    return self.clone() if out is self else out
+
+  def _pad(self, padding, value=0.0):
+    """pad, for the operations built on it: the tensor itself where every width is 0."""
     padding = tuple((0, 0) if p is None else tuple(p) for p in padding)
     if len(padding) != self.ndim or any(len(p) != 2 for p in padding):
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: give one (before, after) pair per dimension")
     if any(b < 0 or a < 0 for b, a in padding):
       raise ValueError(f"pad {padding} of a tensor of shape {self.shape}: pads must be >= 0 (use shrink to cut)")
-    if all(p == (0, 0) for p in padding): return self.clone()   # (numpy's pad is a copy, of any width)
+    if all(p == (0, 0) for p in padding): return self
     countable(tuple(s + b + a for s, (b, a) in zip(self.shape, padding)), f"pad {padding} of a tensor of shape {self.shape}")
     out = self._view(View.pad, padding)
     if value == 0 and math.copysign(1, value) > 0: return out  # a masked-off element of a View reads 0 (not -0.0)
@@ -242,7 +248,7 @@ class MovementMixin:
     total, start, out = sum(t.shape[ax] for t in ts), 0, None
     for t in ts:
       pads = tuple((start, total - start - t.shape[ax]) if d == ax else (0, 0) for d in range(self.ndim))
-      part = t.cast(dt).pad(pads)
+      part = t.cast(dt)._pad(pads)
       out = part if out is None else out + part
       start += t.shape[ax]
     return out

@@ -196,7 +196,7 @@ class NNMixin:
     # take whole (rules/opt/tensor_core.py `Gather.chunked`); the filters are copied into (O, KH, KW, C) for it
     channels_last = self.dtype.is_half and c % 8 == 0
     pad = ((0, 0), (padding[0], padding[0]), (padding[1], padding[1]), (0, 0))
-    x = self.permute(0, 2, 3, 1).pad(pad) if channels_last else self.pad((pad[0], pad[3], pad[1], pad[2]))
+    x = self.permute(0, 2, 3, 1)._pad(pad) if channels_last else self._pad((pad[0], pad[3], pad[1], pad[2]))
     # the padded input is stored once (a copy the size of the input): the kernel that reads each element kh*kw*O
     # times then reads it without the masks of padding, whose branches would sit in its innermost loop
     if any(padding) or channels_last: x = x.contiguous()
