@@ -252,9 +252,9 @@ class ElementwiseMixin:
     out = self
     if lo is not None: out = (out < lo).where(lo, out)
     if hi is not None: out = (out > hi).where(hi, out)
-    return out
+    return out if out is not self else self.clone()   # (no bound binds: still a new tensor, as numpy's)
   def abs(self):
-    if self.dtype.is_bool or self.dtype.is_unsigned: return self
+    if self.dtype.is_bool or self.dtype.is_unsigned: return self.clone()   # (every value as it was: a copy, numpy's)
     return (self < 0).where(-self, self)
   def sign(self):
     if self.dtype.is_unsigned: return (self > 0).cast(self.dtype)
@@ -288,12 +288,12 @@ class ElementwiseMixin:
   def floor(self):
     """Round toward -inf (floats); C's cast truncates toward 0, so step down where that went up. Values of 2**52 and
     more are integers already, and passing them (and NaN, inf) through keeps the cast in range."""
-    if not self.dtype.is_float: return self
+    if not self.dtype.is_float: return self.clone()   # (integers are whole already: a copy, as numpy's)
     t = self.cast(dtypes.int64).cast(self.dtype)
     return (self.abs() < 2.0 ** 52).where((t > self).where(t - 1, t), self)
-  def ceil(self): return -((-self).floor()) if self.dtype.is_float else self
+  def ceil(self): return -((-self).floor()) if self.dtype.is_float else self.clone()
   def trunc(self):
-    return (self.abs() < 2.0 ** 52).where(self.cast(dtypes.int64).cast(self.dtype), self) if self.dtype.is_float else self
+    return (self.abs() < 2.0 ** 52).where(self.cast(dtypes.int64).cast(self.dtype), self) if self.dtype.is_float else self.clone()
 
 
 def _arith_dtype(a, b) -> DType:

@@ -258,3 +258,18 @@ def test_a_copy_of_memory_keeps_its_values_when_the_original_is_written(copy):
   two = Tensor(np.ones(3, np.float32)).clone()
   Tensor.realize_all(two, two.clone())
   assert two.clone().numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("op", ["abs of unsigned", "floor of ints", "ceil of ints", "trunc of ints", "clip binding nothing",
+                                "sum over no axis", "max over no axis", "sum of a 0-d tensor"])
+def test_an_operation_that_changes_no_value_still_makes_a_new_tensor(op):
+  # numpy's results (and torch's) are new arrays even where every value stays as it was: a write into the input after
+  # must not show in the result
+  f = {"abs of unsigned": lambda t: t.abs(), "floor of ints": lambda t: t.floor(), "ceil of ints": lambda t: t.ceil(),
+       "trunc of ints": lambda t: t.trunc(), "clip binding nothing": lambda t: t.clip(-1000, None),
+       "sum over no axis": lambda t: t.sum(axis=()), "max over no axis": lambda t: t.max(axis=()),
+       "sum of a 0-d tensor": lambda t: t.sum()}[op]
+  x = Tensor(np.array(3, np.int32)) if op == "sum of a 0-d tensor" else Tensor(np.array([3, 2], np.uint8))
+  y = f(x).realize()
+  x.assign(Tensor(np.full(x.shape, 5, x.dtype.np)))
+  assert y.numpy().ravel()[0] == 3 and x.numpy().ravel()[0] == 5
