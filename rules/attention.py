@@ -48,6 +48,7 @@ from .strided_view import View
 from .lower import LowerContext, indexed
 from .opt.plan import Opt, OptKind, Plan
 from .opt.upcast import upcast_rules, part_kind
+from .gpu import MULTIPROCESSORS
 
 LOG2_E = 1 / math.log(2)
 BLOCK = 8              # keys per step of the online update (a register tile of dot products)
@@ -56,8 +57,8 @@ LANES, MIN_STEPS = 16, 4   # a GPU row's keys in up to 16 chunks (threads), each
 # (runtime/realize.py `tiled_attention`). CPU: always; renderers/attention_c.py (query rows x keys in registers) is as
 # fast per core as the three unfused kernels (8x512x64, one thread, `bench/cpu_steps.py --only whole` alternated with
 # GRAFT_ATTENTION=0: 5.86-6.09 ms against 5.82-5.92), with no T x T buffer and one parallel loop. GPU: where its query
-# rows give renderers/attention_cuda.py (2 threads a row) THREADS_PER_SM threads a multiprocessor at least: its parallelism is the rows,
-# the unfused products' rows x keys. H100: 32x1024x64 (65536 threads) fused 0.45 ms against 0.68 unfused; the GPT
+# rows give renderers/attention_cuda.py (2 threads a row) THREADS_PER_SM threads a multiprocessor at least: its
+# parallelism is the rows, the unfused products' rows x keys. H100: 32x1024x64 (65536 threads) fused 0.45 ms against 0.68 unfused; the GPT
 # forward's 12 heads x 1024 causal (24576 threads) jit 7.25 ms fused against 6.70 unfused (docs/design.md)
 TILED_THREADS_PER_ROW = 2
 THREADS_PER_SM = 256   # threads a multiprocessor below which a GPU is not kept busy (8 warps each)
@@ -78,7 +79,7 @@ class AttentionContext:
   """The attention stage's context: whether the device maps loops onto its threads (and its multiprocessors: the
   runtime asks the driver, rules/pipeline.py Run), and what it decided (DEBUG=2)."""
   device_loops: bool = False
-  multiprocessors: int = 132
+  multiprocessors: int = MULTIPROCESSORS
   notes: list[str] = field(default_factory=list)
   @property
   def gpu_threads(self) -> int: return self.multiprocessors * THREADS_PER_SM
@@ -151,7 +152,8 @@ def fuse_attention(ctx: AttentionContext, r: UOp, prod: UOp) -> UOp | None:
     return None
   if force is None and ctx.device_loops and rows * TILED_THREADS_PER_ROW < ctx.gpu_threads:
     ctx.note(f"attention not fused: {what}: its {rows} query rows give the GPU's fused kernel {rows * TILED_THREADS_PER_ROW} "
-             f"threads, under the {ctx.gpu_threads} that keep a GPU busy (GRAFT_ATTENTION=1 fuses it); three kernels instead")
+             f"threads, under the {ctx.gpu_threads} that keep a GPU busy (GRAFT_ATTENTION=1 fuses it); three kernels "
+             f"instead")
     return None
   block = min(BLOCK, tk)
   lanes = gpu_lanes(-(-tk // block), math.prod(batch) * tq, ctx.gpu_threads) if ctx.device_loops else 1

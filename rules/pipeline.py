@@ -25,7 +25,7 @@ from .linearize import linearize_rules
 from .opt import OPT_STAGES, opt_context
 from .opt.plan import plan_rules, choose_plan
 from .opt.rows import cpu_rows_fit
-from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules
+from .gpu import fuse_rules, FuseContext, grid_rules, lay_out_grid, gpu_index_rules, MULTIPROCESSORS
 from .gpu_vector import grid_vector_rules, VectorRuns
 from .opt.tensor_core import tensor_core_rules, choose_tensor_core, TensorCoreContext
 from .opt.implicit import implicit_product_rules
@@ -67,7 +67,7 @@ class Run:
   fuse: FuseContext | None = None
   opt: Any = None             # the kernel's optimization plan and context (rules/opt), made by the opt stage (a
                               # caller may preset one: a policy)
-  multiprocessors: int = 132  # a GPU's SM count, which sizes its grids (the runtime asks the driver; 132: an H100)
+  multiprocessors: int = MULTIPROCESSORS  # a GPU's SM count, which sizes its grids (the runtime asks the driver)
   arch: str = "sm_90"         # a GPU's target, sm_XY of its compute capability (the runtime asks the driver; an H100)
   host: HostContext | None = None  # set by the runtime before the host stages run
   attention: AttentionContext | None = None  # what the attention stage fused and why not (DEBUG=2)
@@ -100,6 +100,9 @@ def _host_ctx(run: Run) -> HostContext: return run.host
 def _attention_ctx(run: Run) -> AttentionContext:
   run.attention = AttentionContext(run.device_loops, run.multiprocessors)
   return run.attention
+
+
+def _attention_rows_ctx(run: Run) -> AttentionContext: return AttentionContext(run.device_loops, run.multiprocessors)
 
 
 def _on_device_loops(run: Run) -> bool: return run.device_loops
@@ -184,7 +187,7 @@ pipeline = Pipeline([
   Stage("lower", online_softmax_lower_rules + lower_rules, "kernel", lambda run: LowerContext(), top_down=True),
   # a one-hot sum (t[ids], gather) becomes a load at the picked index, and its index arithmetic is simplified with the rest
   Stage("symbolic", symbolic_rules + one_hot_rules, "kernel"),
-  Stage("attention_rows", head_loop_rules, "kernel", lambda run: AttentionContext(run.device_loops, run.multiprocessors)),
+  Stage("attention_rows", head_loop_rules, "kernel", _attention_rows_ctx),
   # a 16-bit product on tensor cores; a kernel it maps is mapped already for the opt stages (rules/opt/tensor_core.py)
   Stage("tensor_core", tensor_core_rules, "kernel", _tensor_core_ctx, applies=_on_device_loops, prepare=choose_tensor_core),
   # a convolution's rows and its reduction each one loop, for the GPU's product tiles (rules/opt/implicit.py)

@@ -141,7 +141,7 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
   once = {c for c in stored if c is not None and c.arg is None and stored.count(c) == 1}
   swap: dict[UOp, UOp] = {}
   def output(s: UOp, device: str, i: int) -> UOp:
-    if s.op is Ops.CONTIGUOUS and s.arg is not None and s.arg.own and s.arg.device is None:   # a clone, on the output's device
+    if s.op is Ops.CONTIGUOUS and s.arg is not None and s.arg.own and s.arg.device is None:   # a clone: on the output's
       return s.replace(arg=Realized(device, f"{s.arg.why}, output {i} of this realize", own=True))
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
     if (c := s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None) in once:
@@ -151,7 +151,8 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
       return out
     # a user's contiguous() that is an output still lives on the output's device
     # (each output its own buffer: two equal outputs are two tensors, and a write into one must not change the other)
-    if s.op is Ops.CONTIGUOUS: return s.replace(arg=Realized(device, f"contiguous() in the program, output {i} of this realize"))
+    if s.op is Ops.CONTIGUOUS:
+      return s.replace(arg=Realized(device, f"contiguous() in the program, output {i} of this realize"))
     return decide(ctx, s, f"output {i} of this realize", device)
   srcs = tuple(output(s, sink.arg[i], i) for i, s in enumerate(sink.src))
   if srcs == sink.src: return None

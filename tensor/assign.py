@@ -106,7 +106,7 @@ def _prune_index() -> None:
 def _unregister(t) -> None: t._viewing = None
 
 
-def made_inside(t) -> None:
+def drop_internal_view(t) -> None:
   """t is a recorded composite's first result (tensor/recorded.py): a view it takes of a lazy tensor is of one made
   inside the composite, which no one else holds. It is no view, as the composite's replays are not (and its first
   call's program is theirs)."""

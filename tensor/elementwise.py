@@ -158,7 +158,8 @@ class ElementwiseMixin:
                          f"use a float tensor")
       base = self if result_dtype((self, e)) is self.dtype else self.cast(result_dtype((self, e)))
       if float(e).is_integer() and abs(e) <= 16 and (e >= 0 or base.dtype.is_float):
-        return _int_power(base, int(e))
+        out = _int_power(base, int(e))
+        return out if out is not self else self.clone()   # (x ** 1: a new tensor, as numpy's)
       if e == 0.5 and base.dtype.is_float: return base.sqrt()
     a, y = operands(*((x, self) if reverse else (self, x)), dtype=_arith_dtype(self, x))
     if not a.dtype.is_float:  # integer ** integer: square-and-multiply over the exponent's bits (exact, wrapping)
@@ -293,7 +294,8 @@ class ElementwiseMixin:
     return (self.abs() < 2.0 ** 52).where((t > self).where(t - 1, t), self)
   def ceil(self): return -((-self).floor()) if self.dtype.is_float else self.clone()
   def trunc(self):
-    return (self.abs() < 2.0 ** 52).where(self.cast(dtypes.int64).cast(self.dtype), self) if self.dtype.is_float else self.clone()
+    if not self.dtype.is_float: return self.clone()
+    return (self.abs() < 2.0 ** 52).where(self.cast(dtypes.int64).cast(self.dtype), self)
 
 
 def _arith_dtype(a, b) -> DType:

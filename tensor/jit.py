@@ -309,7 +309,8 @@ def _program_difference(ka: tuple, kb: tuple) -> str:
     if x != y:
       show = lambda p: f"{p[0]} {_shown(p[2])}" if p[0] != "param" else f"a {p[1].name}[{p[2]}] buffer"
       return f"a program with {show(x)} against one with {show(y)}".replace("Ops.", "")
-  return f"programs of {len(pa)} and {len(pb)} nodes" if len(pa) != len(pb) else "programs that differ in their settings"
+  if len(pa) != len(pb): return f"programs of {len(pa)} and {len(pb)} nodes"
+  return "programs with other outputs or targets" if ka[0] != kb[0] else "programs that differ in their settings"
 
 
 def _grad_of(ref: weakref.ref):

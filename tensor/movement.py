@@ -269,4 +269,6 @@ class MovementMixin:
     x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
     inter = tuple(v for s in x.shape for v in (1, s))
     big = x.reshape(inter).expand(tuple(v for r, s in zip(repeats, x.shape) for v in (r, s)))
-    return big.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
+    out = big.reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
+    # a copy, as numpy's tile, also where the counts let a view say it (all 1, or new leading dimensions only)
+    return out.clone() if out is self or out._viewing is not None else out

@@ -21,11 +21,11 @@ nothing.
 """
 from __future__ import annotations
 import functools, math, threading
-from rewrite import UOp, Ops, DType
+from rewrite import UOp, Ops, DType, dtypes
 from rewrite.uop import _intern, _UOpFields
 from rules.shapes import shape_of
 from .autograd import grad_enabled
-from .assign import made_inside
+from .assign import drop_internal_view
 
 MAX_RECORDS = 512
 
@@ -62,20 +62,17 @@ class Unbuilt:
     return record.mark(_replay(record, list(stands)), stands)
 
 
-def built(u: UOp | Unbuilt) -> UOp: return u.build() if u.__class__ is Unbuilt else u
-
-
 _records: dict[tuple, Record] = {}
 
 
-class _Depth(threading.local):
-  depth = 0   # the first calls (recording) running in this thread
+class _Nesting(threading.local):
+  depth = 0   # first calls (recording) running in this thread, one inside another
 
 
 # A composite called inside another's first call runs as plain operations: its result node unmarked, as the outer
 # composite's replays build it (a gradient reads the nodes inside; marked on the first call only, the first call's
 # program would be another than the replays')
-_recording = _Depth()
+_first_calls = _Nesting()
 _made = _UOpFields._made   # the slot's descriptor (UOp itself refuses attribute writes)
 
 
@@ -143,8 +140,9 @@ def recorded(method):
 
   @functools.wraps(method)
   def run(self, *args, **kwargs):
-    if _recording.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
-    stands, parts = [], [name, grad_enabled()]
+    if _first_calls.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
+    # (default_float: what an integer input computes in, read by the operations on the first call)
+    stands, parts = [], [name, grad_enabled(), dtypes.default_float]
     for a in (self, *args):
       if hasattr(a, "uop"):
         if (s := _stand_in(a.uop)) is None: return method(self, *args, **kwargs)
@@ -158,13 +156,13 @@ def recorded(method):
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
     if rec is not None: return self._from_unbuilt(Unbuilt(rec, stands), rec.shape, self.device)
-    _recording.depth += 1
+    _first_calls.depth += 1
     try: out = method(self, *args, **kwargs)
-    finally: _recording.depth -= 1
+    finally: _first_calls.depth -= 1
     if (made := _record(out.uop, stands)) is not None:
       if len(_records) >= MAX_RECORDS: _records.clear()
       _records[key] = rec = Record(name, *made, out.shape, out.uop.dtype)
       rec.mark(out.uop, stands)   # (the first call's key is the replays')
-      made_inside(out)
+      drop_internal_view(out)
     return out
   return run

@@ -98,16 +98,25 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     return t
 
   def __getattr__(self, name: str):
-    # called only for an attribute not found: `uop` of an unbuilt result is made here, once
-    if name == "uop" and (unbuilt := _take_unbuilt(self)) is not None:
-      self.uop = unbuilt.build()
-      return note(self).uop
+    # called only for an attribute not found: `uop` of an unbuilt result is made here. Built, then set, then the
+    # record let go: a thread reading the tensor meanwhile finds one or the other (both build the one node)
+    if name == "uop":
+      try: unbuilt = _unbuilt_slot.__get__(self)
+      except AttributeError:   # none, or another thread has just built it
+        try: return _uop_slot(self)
+        except AttributeError: pass
+      else:
+        self.uop = unbuilt.build()
+        _take_unbuilt(self)
+        return note(self).uop
     raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def _graph(self):
     """What a program's key reads of this tensor: its graph, or the record and inputs of an unbuilt result."""
     try: return _uop_slot(self)
-    except AttributeError: return _unbuilt_slot.__get__(self)
+    except AttributeError: pass
+    try: return _unbuilt_slot.__get__(self)
+    except AttributeError: return self.uop   # (built by another thread meanwhile)
 
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
     """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
@@ -312,12 +321,10 @@ _new_tensor = object.__new__
 _uop_slot, _unbuilt_slot = Tensor.uop.__get__, Tensor._unbuilt   # the slots themselves: reading one never builds
 
 
-def _take_unbuilt(t: Tensor):
-  """t's unbuilt result (None when it has none), cleared: once t has its graph, the record's inputs are not held."""
-  try: unbuilt = _unbuilt_slot.__get__(t)
-  except AttributeError: return None
-  _unbuilt_slot.__delete__(t)
-  return unbuilt
+def _take_unbuilt(t: Tensor) -> None:
+  """Let go of t's unbuilt result once t has its graph (the record's inputs are not held after)."""
+  try: _unbuilt_slot.__delete__(t)
+  except AttributeError: pass   # none, or another thread let go of it first
 
 
 def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)

@@ -273,3 +273,14 @@ def test_an_operation_that_changes_no_value_still_makes_a_new_tensor(op):
   y = f(x).realize()
   x.assign(Tensor(np.full(x.shape, 5, x.dtype.np)))
   assert y.numpy().ravel()[0] == 3 and x.numpy().ravel()[0] == 5
+
+
+@pytest.mark.parametrize("op", ["repeat of ones", "repeat adding a leading dimension", "power of one"])
+def test_tiles_and_a_power_of_one_are_copies_too(op):
+  f = {"repeat of ones": lambda t: t.repeat(1, 1), "repeat adding a leading dimension": lambda t: t.repeat(2, 1, 1),
+       "power of one": lambda t: t ** 1}[op]
+  a = np.arange(6, dtype=np.float32).reshape(3, 2)
+  x = Tensor(a.copy())
+  y = f(x)
+  x[0] = 99.0
+  np.testing.assert_array_equal(y.numpy(), f(a) if op == "power of one" else np.tile(a, (2, 1, 1) if "leading" in op else (1, 1)))

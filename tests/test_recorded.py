@@ -153,3 +153,35 @@ def test_a_replayed_result_realized_at_once_finds_its_program_without_building_i
   assert out.uop is Tensor.softmax.__wrapped__(x, 1).uop and [r.name for r in built].count("NNMixin.softmax") == 1
   np.testing.assert_allclose((x.softmax(1) + 1).numpy(), out.numpy() + 1, rtol=1e-6)
   with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"): out.no_such_thing
+
+
+def test_threads_reading_one_unbuilt_result_at_once_each_get_its_graph():
+  # the first read builds the graph; a thread reading meanwhile finds the record or the built graph, never neither
+  import sys, threading
+  x = Tensor(np.random.default_rng(5).standard_normal((8, 16)).astype(np.float32))
+  want = x.layernorm(1, eps=1e-2).numpy()   # (records)
+  errors, interval = [], sys.getswitchinterval()
+  sys.setswitchinterval(1e-6)   # (threads switch often: the window, if any, is hit)
+  try:
+    for _ in range(100):
+      y = x.layernorm(1, eps=1e-2)
+      barrier = threading.Barrier(4)
+      def use(k):
+        barrier.wait()
+        try: np.testing.assert_allclose((y * k).numpy(), want * k, rtol=1e-5, atol=1e-5)
+        except Exception as e: errors.append(repr(e))
+      threads = [threading.Thread(target=use, args=(k,)) for k in (1.0, 2.0, 3.0, 4.0)]
+      for t in threads: t.start()
+      for t in threads: t.join()
+  finally: sys.setswitchinterval(interval)
+  assert errors == []
+
+
+def test_a_change_of_the_default_float_is_a_new_record():
+  x = Tensor(np.arange(6, dtype=np.int32).reshape(2, 3))
+  assert x.mean(1).dtype is dtypes.float32
+  try:
+    dtypes.default_float = dtypes.float16
+    assert x.mean(1).dtype is dtypes.float16
+  finally: dtypes.default_float = dtypes.float32
+  assert x.mean(1).dtype is dtypes.float32
