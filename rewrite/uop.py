@@ -21,7 +21,8 @@ class _UOpFields:
   # The fields are set on an instance of this mutable base, then the instance becomes a UOp by a __class__ switch:
   # that is three times cheaper than object.__setattr__ on an immutable class, and UOp construction is a hot path.
   # _topo and _bounds cache walks of the graph under a node; _made, where set, is (maker, inputs): the node is what
-  # replaying a recorded composite `maker` over the nodes `inputs` builds (tensor/recorded.py), so a program's key
+  # replaying a recorded composite `maker` over the nodes `inputs` builds (tensor/recorded.py; None: no composite's result,
+  # set on every node: a read of an unset slot raises inside, ten times the cost), so a program's key
   # may name it by them instead of walking everything between (runtime/realize.py graph_key)
   # _loops caches the RANGE nodes at or under a node (UOp.loops)
   __slots__ = ("op", "dtype", "src", "arg", "_key", "_topo", "_bounds", "_loops", "_made", "__weakref__")
@@ -180,7 +181,7 @@ def _intern(op: Ops, dtype: DType, src: tuple, arg, arg_key) -> UOp:
   else: key = (op, dtype, arg_key, *map(id, src))
   if (ref := _cache.get(key)) is not None and (u := ref()) is not None: return u
   u = _new_fields(_UOpFields)
-  u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key
+  u.op = op; u.dtype = dtype; u.src = src; u.arg = arg; u._key = key; u._made = None   # (read on every warm call's key)
   u.__class__ = UOp
   # setdefault, not a store: a thread that built the same node at the same moment keeps the one node made first
   if (ref := _cache.setdefault(key, w := _weakref(u))) is not w:

@@ -182,7 +182,7 @@ def graph_key(uops: list[UOp], targets: list[Target | None] | None = None) -> tu
     n, made = pop()
     if n in place: continue
     if made is None:   # first visit: its sources (a composite's stand-ins) go first
-      made = getattr(n, "_made", False) or False
+      made = n._made or False
       push((n, made))
       for s in reversed(made[1] if made else n.src):
         if s not in place: push((s, None))
