@@ -216,6 +216,12 @@ def kept(u: UOp) -> UOp:
   return substitute(u, {r: _stored(r) for r in _inline_reductions(u)}, opaque=lambda n: not _holds_reduction(n))
 
 
+def _constant_value(u: UOp) -> bool:
+  """u is a constant (a VIEW of a CONST): it has no gradient, so none is made for it (`kept` of the other operand
+  walks that operand's graph: x * 1.0001 at every step of a deep chain made the backward quadratic)."""
+  return u.op is Ops.VIEW and u.src[0].op is Ops.CONST
+
+
 def _inline_reductions(u: UOp) -> list[UOp]:
   """The reductions u computes itself: reached through elementwise ops and views, not behind a buffer."""
   out, seen, stack = [], set(), [u]
@@ -261,11 +267,13 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.RECIP, name="node", src=(UPat(Ops.ADD, src=[UPat(Ops.EXP2, src=(UPat(Ops.MUL, src=[UPat.var("x"), _constant]),)),
                                                         _one]),)), _sigmoid_grad),
   (UPat(Ops.ADD, name="node"), lambda ctx, node: (ctx, ctx), "grad_add"),
-  (UPat(Ops.MUL, name="node"), lambda ctx, node: (ctx * kept(node.src[1]), ctx * kept(node.src[0])), "grad_mul"),
+  (UPat(Ops.MUL, name="node", src=(UPat.var("a"), UPat.var("b"))),
+   lambda ctx, node, a, b: (None if _constant_value(a) else ctx * kept(b), None if _constant_value(b) else ctx * kept(a)),
+   "grad_mul"),
   (UPat(Ops.MULACC, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0], ctx), "grad_mulacc"),
   (UPat(Ops.NEG), lambda ctx: (-ctx,), "grad_neg"),
   (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))),
-   lambda ctx, a, b: (ctx / kept(b), -(ctx * kept(a)) / (kept(b) * kept(b))), "grad_fdiv"),
+   lambda ctx, a, b: (ctx / kept(b), None if _constant_value(b) else -(ctx * kept(a)) / (kept(b) * kept(b))), "grad_fdiv"),
   (UPat(Ops.RECIP, name="node"), lambda ctx, node: (-(ctx * kept(node) * kept(node)),), "grad_recip"),
   (UPat(Ops.SQRT, name="node"), lambda ctx, node: (ctx / (kept(node) * const_like(node, 2.0)),), "grad_sqrt"),
   (UPat(Ops.EXP2, name="node"), lambda ctx, node: (ctx * kept(node) * const_like(node, LN_2),), "grad_exp2"),
