@@ -134,8 +134,11 @@ def gated_read(ctx: RenderContext, buf: UOp, idx: UOp, valid: UOp, type_: str, d
   the buffer is ever formed, and no branch guards a load. With the plain `valid ? buf[idx] : 0`, gcc 12.2 -O3 turns
   the guarded reads of an unrolled loop into a group of masked vector loads and reads a backward walk one element off
   (issue 22); a select in the index (`valid ? idx : 0`) does not help, since gcc threads the branch back onto the
-  load. A product has no branch to thread. `deref` reads a vector: `*(floatx8*)`."""
-  return ctx.declare(type_, f"{deref}({ctx[buf]}+{ctx[idx]}*{ctx[valid]})")
+  load. A product has no branch to thread. But a constant index is the select (`valid ? 1 : 0`): gcc 12.2 folds
+  `1*valid` of a loop's known lanes into the bool's -1 mask (it read buf[-1]: a cat of a one-element view, found by
+  bench/fuzz.py) or stops with an internal error at 16 lanes and more. `deref` reads a vector: `*(floatx8*)`."""
+  at = f"({ctx[valid]}?{ctx[idx]}:0)" if idx.op is Ops.CONST else f"{ctx[idx]}*{ctx[valid]}"
+  return ctx.declare(type_, f"{deref}({ctx[buf]}+{at})")
 
 
 def render_gated_load(ctx: RenderContext, ld: UOp, buf: UOp, idx: UOp, valid: UOp) -> str:

@@ -132,3 +132,14 @@ def test_a_pad_of_negative_zero_keeps_its_sign():
   x = np.ones((2, 2), np.float16)
   got = Tensor(x).pad(((1, 0), (0, 1)), value=-0.0).reciprocal().numpy()
   np.testing.assert_array_equal(got, 1 / np.pad(x, ((1, 0), (0, 1)), constant_values=-0.0))
+
+
+@pytest.mark.parametrize("width", [3, 40])
+def test_a_cat_of_a_one_element_view_reads_its_element(width):
+  # the view reads element 1 at every index (offset 1, strides 0), gated by the pad of the cat: `1*valid` in the
+  # index, which gcc 12.2 folded into the bool's -1 lane mask (buf[-1]) at 4 lanes and stopped on at 16 and more
+  # (found by bench/fuzz.py, seed 5000869)
+  a = np.random.default_rng(419459).standard_normal((3, 1)).astype(np.float32)
+  b = np.random.default_rng(90985).integers(-5, 6, (1, width)).astype(np.float32)
+  got = Tensor(a)[-2, None].cat(Tensor(b), axis=1).numpy()
+  np.testing.assert_array_equal(got, np.concatenate([a[-2, None], b], axis=1))
