@@ -67,10 +67,13 @@ def expands(view: View) -> bool: return any(st == 0 and s > 1 for s, st in zip(v
 class Realized:
   """The arg of a CONTIGUOUS the realize stage put in: the device of the buffer (None: its inputs') and why it
   exists, naming the rule that decided it (shown at DEBUG=2). `own`: memory of its own even where the value is a
-  whole buffer already (`Tensor.clone()`; a `contiguous()` of such a value is that buffer)."""
+  whole buffer already (`Tensor.clone()`; a `contiguous()` of such a value is that buffer). `output`: the realize's
+  output it is, so that two equal outputs (one node, by hash-consing) are two buffers: two tensors, and a write into
+  one must not change the other."""
   device: str | None
   why: str
   own: bool = False
+  output: int | None = None
 
 
 CLONE = Realized(None, "clone(): memory of its own", own=True)
@@ -109,7 +112,7 @@ def holds_reduction(u: UOp, memo: dict[UOp, bool], stored: Callable[[UOp], bool]
   return memo[u]
 
 
-def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> UOp:
+def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None, output: int | None = None) -> UOp:
   """x into a buffer, for a reason; the calling rule is named in the reason. A value decided before (each of its
   readers may ask), or a value the graph stores already, is that buffer: one buffer, and its graph is not walked again.
   An output (`device` given) gets a buffer of its own on that device."""
@@ -119,7 +122,7 @@ def decide(ctx: RealizeContext, x: UOp, why: str, device: str | None = None) -> 
   while frame.f_code.co_name.startswith("<") or frame.f_code is store.__code__: frame = frame.f_back
   rule = frame.f_code
   out = UOp(Ops.CONTIGUOUS, x.dtype, (read_realized_reductions(ctx, x),),
-            Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})"))
+            Realized(device, f"{why} (rule {rule.co_name} at {rule.co_filename}:{rule.co_firstlineno})", output=output))
   if device is None: ctx.stored[x] = out   # (asked again, by another reader or a stored copy of the graph: that buffer)
   return out
 
@@ -142,7 +145,7 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
   swap: dict[UOp, UOp] = {}
   def output(s: UOp, device: str, i: int) -> UOp:
     if s.op is Ops.CONTIGUOUS and s.arg is not None and s.arg.own and s.arg.device is None:   # a clone: on the output's
-      return s.replace(arg=Realized(device, f"{s.arg.why}, output {i} of this realize", own=True))
+      return s.replace(arg=Realized(device, f"{s.arg.why}, an output of this realize", own=True, output=i))
     if is_buffer_view(s) or (s.op is Ops.CONTIGUOUS and s.arg is not None): return s
     if (c := s if s.op is Ops.CONTIGUOUS else s.src[0] if _reshapes_store(s) else None) in once:
       out = UOp(Ops.CONTIGUOUS, s.dtype, (c.src[0] if s is c else s.replace(src=c.src),),
@@ -150,10 +153,9 @@ def _realize_output(ctx: RealizeContext, sink: UOp) -> UOp | None:
       swap[c] = out if s is c else UOp(Ops.VIEW, c.dtype, (out,), View.contiguous(shape_of(c)))   # read back as stored
       return out
     # a user's contiguous() that is an output still lives on the output's device
-    # (each output its own buffer: two equal outputs are two tensors, and a write into one must not change the other)
     if s.op is Ops.CONTIGUOUS:
-      return s.replace(arg=Realized(device, f"contiguous() in the program, output {i} of this realize"))
-    return decide(ctx, s, f"output {i} of this realize", device)
+      return s.replace(arg=Realized(device, "contiguous() in the program, an output of this realize", output=i))
+    return decide(ctx, s, "an output of this realize", device, output=i)
   srcs = tuple(output(s, sink.arg[i], i) for i, s in enumerate(sink.src))
   if srcs == sink.src: return None
   return substitute(UOp(Ops.SINK, sink.dtype, srcs, sink.arg), swap) if swap else UOp(Ops.SINK, sink.dtype, srcs, sink.arg)

@@ -159,7 +159,7 @@ class ElementwiseMixin:
       base = self if result_dtype((self, e)) is self.dtype else self.cast(result_dtype((self, e)))
       if float(e).is_integer() and abs(e) <= 16 and (e >= 0 or base.dtype.is_float):
         out = _int_power(base, int(e))
-        return out if out is not self else self.clone()   # (x ** 1: a new tensor, as numpy's)
+        return self._new_unless_self(out)   # (x ** 1)
       if e == 0.5 and base.dtype.is_float: return base.sqrt()
     a, y = operands(*((x, self) if reverse else (self, x)), dtype=_arith_dtype(self, x))
     if not a.dtype.is_float:  # integer ** integer: square-and-multiply over the exponent's bits (exact, wrapping)
@@ -253,7 +253,7 @@ class ElementwiseMixin:
     out = self
     if lo is not None: out = (out < lo).where(lo, out)
     if hi is not None: out = (out > hi).where(hi, out)
-    return out if out is not self else self.clone()   # (no bound binds: still a new tensor, as numpy's)
+    return self._new_unless_self(out)   # (no bound binds)
   def abs(self):
     if self.dtype.is_bool or self.dtype.is_unsigned: return self.clone()   # (every value as it was: a copy, numpy's)
     return (self < 0).where(-self, self)

@@ -122,7 +122,7 @@ class MovementMixin:
     """Grow each dimension by (before, after) elements holding `value`; one pair per dimension, or None for (0, 0).
     A new tensor even where every width is 0 (a copy, as numpy's pad)."""
     out = self._pad(padding, value)
-    return self.clone() if out is self else out
+    return self._new_unless_self(out)
 
   def _pad(self, padding, value=0.0):
     """pad, for the operations built on it: the tensor itself where every width is 0."""

@@ -40,7 +40,7 @@ class ReduceMixin:
     else: out = dtypes.int64 if self.dtype is dtypes.int64 else dtypes.int32
     acc = dtypes.float32 if out.is_half else out
     total = self.cast(acc)._reduce(Ops.ADD, axis, keepdim, "sum").cast(out)
-    return total if total is not self else self.clone()   # (over no axis: a new tensor, as numpy's)
+    return self._new_unless_self(total)   # (over no axis)
 
   @recorded
   def mean(self, axis=None, keepdim=False):
@@ -56,8 +56,7 @@ class ReduceMixin:
       raise ValueError(f"max/min/argmax over an empty axis of a tensor of shape {self.shape}: there is no value to "
                        f"return (numpy raises too)")
     if self.dtype.is_bool: return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim, "max").cast(dtypes.bool)
-    top = self._reduce(Ops.MAX, axis, keepdim, "max")
-    return top if top is not self else self.clone()   # (over no axis: a new tensor, as numpy's)
+    return self._new_unless_self(self._reduce(Ops.MAX, axis, keepdim, "max"))   # (over no axis)
 
   def min(self, axis=None, keepdim=False):
     if self.dtype.is_bool: return self.cast(dtypes.uint8).min(axis, keepdim).cast(dtypes.bool)

@@ -199,6 +199,11 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     if self.is_realized: return self
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
+  def _new_unless_self(self, out: Tensor) -> Tensor:
+    """out, or a clone of this tensor where an operation left it as it was and returned it: numpy's and torch's
+    results are new arrays, and a write into the input must not show in the result."""
+    return self.clone() if out is self else out
+
   def clone(self) -> Tensor:
     """A copy in memory of its own (torch's clone, numpy's copy): a write into either leaves the other as it was."""
     return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), CLONE))
