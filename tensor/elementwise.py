@@ -227,6 +227,7 @@ class ElementwiseMixin:
   def logical_or(self, x): return self.bool() | (x.bool() if hasattr(x, "uop") else bool(x))
   def isnan(self): return _isnan(self) if self.dtype.is_float else self._const(False, dtypes.bool)
 
+  @recorded
   def where(self, x, y):
     """`x` where this (condition) tensor is true, `y` elsewhere; all three broadcast together."""
     cond = self if self.dtype.is_bool else self.ne(0)

@@ -14,6 +14,7 @@ from .args import ints, normalize_axes, axis_of, AxisError, countable
 from .promotion import result_dtype
 from .assign import view_taken
 from .indexing import advanced, gather
+from .recorded import recorded
 
 
 def strided(v: View, steps: tuple[int, ...]) -> View:
@@ -22,6 +23,17 @@ def strided(v: View, steps: tuple[int, ...]) -> View:
   shape = tuple(-(-s // st) for s, st in zip(v.shape, steps))
   mask = None if v.mask is None else tuple((-(-lo // st), -(-hi // st)) for (lo, hi), st in zip(v.mask, steps))
   return View(shape, tuple(s * st for s, st in zip(v.strides, steps)), v.offset, mask)
+
+
+def indexed(v: View, arg: tuple) -> View | None:
+  """numpy's basic indexing as one movement (so that `x[0]` makes one tensor, not three): the box `bounds`, the axes
+  `flips` reversed, every `steps`-th element, then `shape` (an integer's axis dropped, None's added: a reshape of
+  size-1 axes, which any view can say)."""
+  bounds, flips, steps, shape = arg
+  v = v.shrink(bounds)
+  if flips: v = v.flip(flips)
+  if any(s != 1 for s in steps): v = strided(v, steps)
+  return v.reshape(shape)
 
 
 def padded_expand(v: View, shape: tuple[int, ...]) -> View | None:
@@ -208,19 +220,20 @@ class MovementMixin:
         if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for axis {d} with size {size}")
         bounds.append((int(i) % size, int(i) % size + 1)); steps.append(1)
       d += 1
-    out = self.shrink(bounds).flip(tuple(flips))
-    if any(s != 1 for s in steps): out = out._view(strided, tuple(steps))
-    return out.reshape(tuple(out_shape))
+    flips = tuple(a for a in flips if bounds[a][1] - bounds[a][0] > 1)   # (reversing one element moves nothing)
+    return self._view(indexed, (tuple(bounds), flips, tuple(steps), tuple(out_shape)))
 
   def gather(self, axis: int, index):
     """numpy's take_along_axis: out[..., j, ...] = self[..., index[..., j, ...], ...] along `axis`. `index` (an
     integer Tensor or numpy array) has this tensor's number of dimensions; the other axes broadcast."""
     return gather(self, axis, index)
 
+  @recorded
   def tril(self, k: int = 0):
     """The lower triangle of the last two axes: elements with column - row <= k kept, the others 0."""
     return self._triangle(k, lower=True)
 
+  @recorded
   def triu(self, k: int = 0):
     """The upper triangle of the last two axes: elements with column - row >= k kept, the others 0."""
     return self._triangle(k, lower=False)

@@ -104,6 +104,7 @@ class NNMixin:
     out = (self - m).exp().sum(axis, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axis)
 
+  @recorded
   def masked_fill(self, mask, value):
     """`value` where `mask` (a bool tensor or numpy array broadcastable to this shape) is true, this tensor elsewhere;
     the result keeps this tensor's dtype (a value it cannot hold exactly raises)."""

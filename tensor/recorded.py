@@ -7,16 +7,18 @@ call's result is `Unbuilt` until its graph is read: realized at once, its progra
 inputs, and the nodes are not made at all.
 
 What a record stands on. An input that is a VIEW is replayed from its source (a movement of a VIEW merges into it,
-so the record depends on the View, not on what is under it); any other input from its own node. The key is the
-method and its arguments that are no tensors (with their types: `axis=True` is not `axis=1`), and for each tensor
-argument its shape, dtype, device, class and that form (its op; for a VIEW its View, its source's op, and the
-source's shape where a movement may drop a VIEW that reads it whole); and whether gradients are on (no_grad()
-detaches every result).
+so the record depends on the View, not on what is under it); any other input from its own node; each such node once
+(two arguments read through one node, attention's q and k of one qkv, are one input, and which argument reads which
+input is in the key: a + a is not a + b). The key is the method and its arguments that are no tensors (with their
+types: `axis=True` is not `axis=1`), and for each tensor argument its shape, dtype, device, class and that form (its
+op; for a VIEW its View, its source's op, and the source's shape where a movement may drop a VIEW that reads it
+whole; a constant by its View and value, which the record then holds as it is: a constant folds); and whether
+gradients are on (no_grad() detaches every result). A result made of constants alone (a causal mask,
+`Tensor.full((n, n), True).triu(1)`) is recorded as that node.
 
-Not recorded (built by the operations on every call): a call with a constant input (a cast of a constant folds)
-or with one input passed twice (the record would not tell them apart); a graph that reads a buffer other than the
-inputs' (the record would keep it alive); a result that is an input, or a movement of one (a view of another
-tensor's memory: tensor/assign.py). Errors are raised by the operations, on every call: a call that fails records
+Not recorded (built by the operations on every call): a graph that reads a buffer other than the inputs' (the record
+would keep it alive); a result that is an input, or a movement of one (a view of another tensor's memory:
+tensor/assign.py), or a bare constant. Errors are raised by the operations, on every call: a call that fails records
 nothing.
 """
 from __future__ import annotations
@@ -85,6 +87,13 @@ def _stand_in(u: UOp) -> tuple[UOp, tuple] | None:
   return s, (u.arg, s.op, None if s.op is Ops.BUFFER else shape_of(s))
 
 
+def _constant_form(u: UOp) -> tuple:
+  """What a record depends on of a constant input (a VIEW of a CONST): its View and its value, a float by its bits
+  (a NaN is then equal to itself as a key, and -0.0 is not 0.0)."""
+  value = u.src[0].arg
+  return ("constant", u.arg, value.__class__, value.hex() if value.__class__ is float else value)
+
+
 def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None:
   """(fixed, steps): the nodes of `out` that depend on the inputs, sources first, as (op, dtype, arg, the arg's key
   in UOp's table, sources), each source numbered in the list a replay builds: the fixed nodes (those the steps read
@@ -107,6 +116,8 @@ def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None
       steps.append((n.op, n.dtype, n.arg, n._key[2], tuple([where.get(s, s) for s in n.src])))
     elif n.op is Ops.BUFFER: return None
     else: fixed.add(n)
+  if out in fixed:   # made of constants alone (a causal mask): the record is that node (a bare constant is no work)
+    return ([out], []) if not (out.op is Ops.VIEW and out.src[0].op is Ops.CONST) else None
   if out not in where: return None
   kept = list(dict.fromkeys(s for *_, srcs in steps for s in srcs if s.__class__ is not int))
   at, first = {u: k for k, u in enumerate(kept)}, len(kept) + len(inputs)
@@ -118,7 +129,7 @@ def _replay(rec: Record, inputs: list[UOp]) -> UOp:
   nodes = rec.fixed + inputs
   get, put = nodes.__getitem__, nodes.append
   for op, dtype, arg, key, srcs in rec.steps: put(_intern(op, dtype, tuple(map(get, srcs)), arg, key))
-  return nodes[-1]
+  return nodes[-1] if rec.steps else rec.fixed[0]
 
 
 def _plain(a) -> bool:
@@ -142,11 +153,15 @@ def recorded(method):
   def run(self, *args, **kwargs):
     if _first_calls.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
     # (default_float: what an integer input computes in, read by the operations on the first call)
-    stands, parts = [], [name, grad_enabled(), dtypes.default_float]
+    # each stand-in once, numbered in the key: two arguments read through one node (q and k, views of one qkv) are
+    # one input of the record, and a + a is not a + b
+    stands: dict[UOp, int] = {}
+    parts = [name, grad_enabled(), dtypes.default_float]
     for a in (self, *args):
       if hasattr(a, "uop"):
-        if (s := _stand_in(a.uop)) is None: return method(self, *args, **kwargs)
-        stands.append(s[0]); parts.append((a.shape, a.uop.dtype, a.device, a.__class__, s[1]))
+        u = a.uop
+        if (s := _stand_in(u)) is None: parts.append((a.shape, u.dtype, a.device, a.__class__, _constant_form(u)))
+        else: parts.append((a.shape, u.dtype, a.device, a.__class__, s[1], stands.setdefault(s[0], len(stands))))
       elif _plain(a): parts.append(_key_of(a))
       else: return method(self, *args, **kwargs)
     for k, v in sorted(kwargs.items()):
@@ -155,14 +170,14 @@ def recorded(method):
     key = tuple(parts)
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
-    if rec is not None: return self._from_unbuilt(Unbuilt(rec, stands), rec.shape, self.device)
+    if rec is not None: return self._from_unbuilt(Unbuilt(rec, list(stands)), rec.shape, self.device)
     _first_calls.depth += 1
     try: out = method(self, *args, **kwargs)
     finally: _first_calls.depth -= 1
-    if (made := _record(out.uop, stands)) is not None:
+    if (made := _record(out.uop, list(stands))) is not None:
       if len(_records) >= MAX_RECORDS: _records.clear()
       _records[key] = rec = Record(name, *made, out.shape, out.uop.dtype)
-      rec.mark(out.uop, stands)   # (the first call's key is the replays')
+      rec.mark(out.uop, list(stands))   # (the first call's key is the replays')
       drop_internal_view(out)
     return out
   return run

@@ -77,17 +77,58 @@ def test_a_bad_argument_raises_on_every_call_even_when_an_equal_one_was_recorded
     with pytest.raises(AxisError): inputs("float32", 1).softmax(5)
 
 
-def test_a_record_keeps_no_input_alive_and_a_constant_input_is_not_recorded():
+def test_a_record_keeps_no_input_alive():
   x = inputs("float32", 0)
   buf = weakref.ref(x.uop.src[0].arg)
   out = x.gelu()
   del x, out
   gc.collect()
   assert buf() is None
-  before = len(recorded._records)
-  z = Tensor.zeros(3, 3).sigmoid()
-  assert len(recorded._records) == before
-  np.testing.assert_allclose(z.numpy(), np.full((3, 3), 0.5))
+
+
+def replayed(t: Tensor) -> bool:
+  """Whether t is a replay not built yet (its graph made only when read)."""
+  return t._graph().__class__ is recorded.Unbuilt
+
+
+def test_a_constant_input_is_recorded_by_its_value():
+  Tensor.zeros(3, 3).sigmoid()
+  assert replayed(Tensor.zeros(3, 3).sigmoid())
+  for _ in range(2):   # the first call records, the second replays
+    assert Tensor.zeros(3, 3).sigmoid().uop is Tensor.sigmoid.__wrapped__(Tensor.zeros(3, 3)).uop
+    np.testing.assert_allclose(Tensor.zeros(3, 3).sigmoid().numpy(), np.full((3, 3), 0.5))
+    np.testing.assert_allclose(Tensor.full((3, 3), 2.0).sigmoid().numpy(), np.full((3, 3), 1 / (1 + np.exp(-2.0))), rtol=1e-6)
+    assert np.isnan(Tensor.full((2,), math.nan).sigmoid().numpy()).all()
+  # -0.0 == 0.0, but not as a record's constant: relu keeps each one's sign
+  assert np.signbit(Tensor.full((2,), -0.0).relu().numpy()).all()
+  assert not np.signbit(Tensor.full((2,), 0.0).relu().numpy()).any()
+
+
+def test_a_causal_mask_of_constants_is_one_recorded_node():
+  made = [Tensor.full((5, 5), True).triu(1) for _ in range(3)]
+  assert replayed(made[2])
+  assert made[1].uop is made[0].uop and made[2].uop is made[0].uop
+  np.testing.assert_array_equal(made[2].numpy(), np.triu(np.ones((5, 5), bool), 1))
+  np.testing.assert_array_equal(Tensor.full((5, 5), True).tril(-1).numpy(), np.tril(np.ones((5, 5), bool), -1))
+  np.testing.assert_array_equal(Tensor.full((5, 4), 2.0).triu(2).numpy(), np.triu(np.full((5, 4), 2.0, np.float32), 2))
+
+
+def test_two_arguments_read_through_one_node_are_one_input():
+  # attention's q and k are views of one qkv: their product is recorded (once), and a + a is not a + b
+  for seed in range(3):
+    a = np.random.default_rng(seed).standard_normal((2, 4, 3)).astype(np.float32)
+    qkv = Tensor(a) * 2
+    q, k = qkv[0], qkv[1]
+    out = q @ k.T
+    assert replayed(out) == (seed > 0)
+    assert out.uop is Tensor.matmul.__wrapped__(q, k.T).uop
+    np.testing.assert_allclose(out.numpy(), (2 * a[0]) @ (2 * a[1]).T, rtol=1e-5)
+    same = q @ q.T
+    assert same.uop is Tensor.matmul.__wrapped__(q, q.T).uop
+    np.testing.assert_allclose(same.numpy(), (2 * a[0]) @ (2 * a[0]).T, rtol=1e-5)
+    x, y = Tensor(a[0]), Tensor(a[1])
+    np.testing.assert_allclose((x > 0).where(x, y).numpy(), np.where(a[0] > 0, a[0], a[1]))
+    np.testing.assert_allclose((x > 0).where(x, x).numpy(), a[0])
 
 
 def test_a_graph_holding_another_buffer_is_not_recorded():

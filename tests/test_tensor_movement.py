@@ -65,7 +65,11 @@ def test_basic_indexing_like_numpy():
     (m.T[::-2, 1:4], M.T[::-2, 1:4]), (m[1:4].T[::2], M[1:4].T[::2]),
     (m.pad(((1, 1), (1, 1)), value=-1)[::3, ::2], np.pad(M, 1, constant_values=-1)[::3, ::2]),  # steps through a padded view
     (Tensor(3.5)[None], [3.5]), (x[np.int64(1), np.int32(-1)], X[1, -1]),
+    (x[:, 0:0], X[:, 0:0]), (x[1, 2:2, None], X[1, 2:2, None]), (x[()], X[()]), (x[1:2, ::-1][0], X[1:2, ::-1][0]),
   ]
+  lazy = x * 1   # (indexing a computed tensor: one VIEW over it)
+  cases += [(lazy[1, ::-2], X[1, ::-2]), (lazy[None, :, 3:0:-1, -1], X[None, :, 3:0:-1, -1]), (lazy[::-1, 0:0], X[::-1, 0:0]),
+            (lazy[..., None, 1], X[..., None, 1])]
   realize_and_check(cases)
   assert x[0, 1, 2].shape == () and m[1:5:2, ::4].uop.src[0].op is Ops.BUFFER
 
