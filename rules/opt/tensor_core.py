@@ -47,6 +47,11 @@ tile's call (in the graph they hold the accumulators of thread lidx % the tile's
 many slices in flight as shared memory holds; a tile of at most PERSISTENT_SLICES slices of k is persistent (a block a
 multiprocessor loops over the tiles), in clusters of TMA_CLUSTER blocks that share B's tile by multicast where the rows
 of tiles pair up (`TensorMaps.persistent`, `.cluster`). A gathered A, a batch, and TF32 keep the cp.async copies.
+Such a tile's output, where it is a 16-bit matrix of the product's rows and columns (contiguous along j, not gated, rows
+and offset in whole 16 bytes: `StoreMap`, `TensorMaps.store`), is stored by TMA: each (paired) store goes instead into
+a staging tile in shared memory (a DEFINE_LOCAL ("tma_store", part, elements) per part of TMA_STORE_PARTS, its source
+the output's buffer; `_staged` lays it out as the output map's 128-byte swizzled boxes), and renderers/cuda_tma.py
+stores each part by `cp.async.bulk.tensor` once its warpgroup has written it.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
