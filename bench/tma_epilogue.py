@@ -33,10 +33,9 @@ from rules.gpu import launch_dims
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 
-# tanh(u) as tensor/elementwise.py builds it: 2 / (1 + 2^(-2u log2 e)) - 1 (its reciprocal approximate: a 16-bit epilogue)
-_TANH = re.compile(r"float (v\d+) = \((v\d+)\*2\.0f\);\n\s*float v\d+ = \(\1\*\(-1\.4426950408889634f\)\);\n"
-                   r"\s*float (v\d+) = exp2f\(v\d+\);\n\s*float (v\d+) = \(\3\+1\.0f\);\n\s*float (v\d+) = g_rcp_approx\(\4\);\n"
-                   r"\s*float (v\d+) = \(\5\*2\.0f\);\n(\s*float v\d+ = \(-1\.0f\);\n)?\s*float (v\d+) = \(\6\+v\d+\);")
+# the sigmoid of gelu as tensor/elementwise.py builds it, x sigmoid(2u) = x / (1 + 2^(y)) (y = -2u log2 e; its
+# reciprocal approximate: a 16-bit epilogue)
+_SIGMOID = re.compile(r"float (v\d+) = exp2f\((v\d+)\);\n\s*float (v\d+) = \(\1\+1\.0f\);\n\s*float (v\d+) = g_rcp_approx\(\3\);")
 HELPERS = r"""
 __device__ __forceinline__ float g_tanh_approx(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 """
@@ -53,13 +52,14 @@ def unpaired(src: str) -> str:
 
 
 VARIANTS = {   # name: (the kernel it changes, what it measures, the change to its source)
-  "gelu-before": ("gelu", "the epilogue before: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
-  "bare-before": ("bare", "the same for the bare product (each output stored alone)", unpaired),
+  "gelu-before": ("gelu-lanes", "the lanes' epilogue before pairs: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
+  "bare-before": ("bare-lanes", "the same for the bare product (each output stored alone)", unpaired),
   "bare-nostore": ("bare-lanes-nocluster", "(a probe, not a kernel) the stores made only where a value is 12345: the product and "
                    "the conversions without the stores' traffic",
                    lambda s: re.sub(r"^(\s*)(\*\(half2\*\)\(data0\+v\d+\) = (v\d+);)$", r"\1if (__low2float(\3) == 12345.0f) \2", s, flags=re.M)),
-  "gelu-tanh": ("gelu", "the tanh as one tanh.approx.f32 (not delivered: relative error 2^-11 of tanh, large against "
-                "gelu's negative tail)", lambda s: _TANH.sub(r"float \8 = g_tanh_approx(\2);", s)),
+  "gelu-tanh": ("gelu", "the sigmoid as one tanh.approx.f32, 1/(1 + 2^y) = (1 + tanh(-y ln2 / 2)) / 2: one MUFU op a value "
+                "in place of two (not delivered: relative error 2^-11 of tanh, large against gelu's negative tail)",
+                lambda s: _SIGMOID.sub(r"float \4 = fmaf(0.5f, g_tanh_approx(\2*(-0.34657359f)), 0.5f);", s)),
 }
 
 
