@@ -10,7 +10,9 @@ them; `bare-nt` x @ W.T (B stored along k: wgmma reads it K-major, no transpose)
 rules/opt/tensor_core.py BLOCK_GROUP; delivered: 8 rows); `-block-a-tile`: a block per tile, `bare-persistent`: a block a
 multiprocessor looping over the tiles (rules/opt/tensor_core.py PERSISTENT_SLICES: delivered, persistent where k is at most
 64 slices of 64); `NAME-nocluster` / `NAME-cluster4`: kernel NAME with no cluster or in clusters of 4 blocks sharing
-B's tile (rules/opt/tensor_core.py TMA_CLUSTER; delivered: 2 where persistent); then a kernel's source with one change
+B's tile (rules/opt/tensor_core.py TMA_CLUSTER; delivered: 2 where persistent); `NAME-lanes` / `NAME-whole` /
+`NAME-parts4`: the output stored by the lanes (the kernel before TMA stores), by TMA from a staging tile of the whole
+output tile, or of a quarter of its columns at a time (rules/opt/tensor_core.py TMA_STORE_PARTS; delivered: halves); then a kernel's source with one change
 each (VARIANTS: what each measures; `bare-nostore` is a probe of the stores' share). `grid`: the blocks launched (a
 persistent kernel: a block a multiprocessor, in whole clusters the GPU holds at once). Each figure: the median
 over 7 rounds of (10 launches back to back between two CUDA events) / 10, after 3 warm-ups, the rounds of all kernels
@@ -31,10 +33,9 @@ from rules.gpu import launch_dims
 from rules.pipeline import Run, lower_kernel, schedule
 from rules.realize import normalize
 
-# tanh(u) as tensor/elementwise.py builds it: 2 / (1 + 2^(-2u log2 e)) - 1 (its reciprocal approximate: a 16-bit epilogue)
-_TANH = re.compile(r"float (v\d+) = \((v\d+)\*2\.0f\);\n\s*float v\d+ = \(\1\*\(-1\.4426950408889634f\)\);\n"
-                   r"\s*float (v\d+) = exp2f\(v\d+\);\n\s*float (v\d+) = \(\3\+1\.0f\);\n\s*float (v\d+) = g_rcp_approx\(\4\);\n"
-                   r"\s*float (v\d+) = \(\5\*2\.0f\);\n(\s*float v\d+ = \(-1\.0f\);\n)?\s*float (v\d+) = \(\6\+v\d+\);")
+# the sigmoid of gelu as tensor/elementwise.py builds it, x sigmoid(2u) = x / (1 + 2^(y)) (y = -2u log2 e; its
+# reciprocal approximate: a 16-bit epilogue)
+_SIGMOID = re.compile(r"float (v\d+) = exp2f\((v\d+)\);\n\s*float (v\d+) = \(\1\+1\.0f\);\n\s*float (v\d+) = g_rcp_approx\(\3\);")
 HELPERS = r"""
 __device__ __forceinline__ float g_tanh_approx(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 """
@@ -51,13 +52,14 @@ def unpaired(src: str) -> str:
 
 
 VARIANTS = {   # name: (the kernel it changes, what it measures, the change to its source)
-  "gelu-before": ("gelu", "the epilogue before: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
-  "bare-before": ("bare", "the same for the bare product (each output stored alone)", unpaired),
-  "bare-nostore": ("bare-nocluster", "(a probe, not a kernel) the stores made only where a value is 12345: the product and "
+  "gelu-before": ("gelu-lanes", "the lanes' epilogue before pairs: each output stored alone (2 bytes), IEEE 1.0f/x (main 03ddfa3)", unpaired),
+  "bare-before": ("bare-lanes", "the same for the bare product (each output stored alone)", unpaired),
+  "bare-nostore": ("bare-lanes-nocluster", "(a probe, not a kernel) the stores made only where a value is 12345: the product and "
                    "the conversions without the stores' traffic",
                    lambda s: re.sub(r"^(\s*)(\*\(half2\*\)\(data0\+v\d+\) = (v\d+);)$", r"\1if (__low2float(\3) == 12345.0f) \2", s, flags=re.M)),
-  "gelu-tanh": ("gelu", "the tanh as one tanh.approx.f32 (not delivered: relative error 2^-11 of tanh, large against "
-                "gelu's negative tail)", lambda s: _TANH.sub(r"float \8 = g_tanh_approx(\2);", s)),
+  "gelu-tanh": ("gelu", "the sigmoid as one tanh.approx.f32, 1/(1 + 2^y) = (1 + tanh(-y ln2 / 2)) / 2: one MUFU op a value "
+                "in place of two (not delivered: relative error 2^-11 of tanh, large against gelu's negative tail)",
+                lambda s: _SIGMOID.sub(r"float \4 = fmaf(0.5f, g_tanh_approx(\2*(-0.34657359f)), 0.5f);", s)),
 }
 
 
@@ -107,6 +109,11 @@ def main() -> None:
            "gelu-block-a-tile": (gelu, (X, W, B), {"PERSISTENT_SLICES": 0}), "bare-block-a-tile": (x @ w, (X, W), {"PERSISTENT_SLICES": 0}),
            "bare-persistent": (x @ w, (X, W), {"PERSISTENT_SLICES": 1 << 30})}
   only = args.only.split(",") if args.only else None
+  # NAME-lanes, NAME-whole, NAME-parts4: kernel NAME with its output stored by the lanes (rules/opt/tensor_core.py
+  # TMA_STORE_PARTS = 0, the kernel before), staged whole (1 part: 64 KiB for 128x256, one slice fewer in flight) or in
+  # 4 parts (delivered: 2)
+  exprs.update({f"{nm}-{tag}": (t, params, {**(patch or {}), "TMA_STORE_PARTS": c}) for nm, (t, params, patch) in list(exprs.items())
+                for tag, c in (("lanes", 0), ("whole", 1), ("parts4", 4))})
   # NAME-nocluster, NAME-cluster4: kernel NAME with no clusters (rules/opt/tensor_core.py TMA_CLUSTER = 1: each block
   # copies all of B) or in clusters of 4 (each copies a quarter of B)
   exprs.update({f"{nm}-{tag}": (t, params, {**(patch or {}), "TMA_CLUSTER": c}) for nm, (t, params, patch) in list(exprs.items())

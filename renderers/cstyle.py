@@ -202,7 +202,9 @@ STATEMENTS = frozenset({Ops.STORE, Ops.END, Ops.DEFINE_ACC, Ops.ASSIGN, Ops.DEFI
 
 def kernel_params(linear: UOp, lang: Language) -> list[str]:
   globals_ = sorted((u for u in linear.src if u.op is Ops.DEFINE_GLOBAL), key=lambda g: g.arg)
-  written = {u.src[0].src[0] for u in linear.src if u.op is Ops.STORE}
+  # (a buffer is written by its stores, or from a staging tile in shared memory: renderers/cuda_tma.py)
+  written = {u.src[0].src[0] for u in linear.src if u.op is Ops.STORE} | \
+    {g for u in linear.src if u.op is Ops.DEFINE_LOCAL for g in u.src if g.op is Ops.DEFINE_GLOBAL}
   return [f"{'' if g in written else 'const '}{lang.type(g.dtype)} {lang.restrict} data{g.arg}".replace("  ", " ") for g in globals_] \
     + list(lang.params_after)
 

@@ -33,8 +33,20 @@ each block's `full` expects the whole slice, and a slice's `empty` barrier count
 consumer warp arrives on its own block's and, through `mapa`, on the others'). Barriers are made before a cluster-wide
 barrier, and every thread meets the others at the end (`finish`): no block ends while another may still copy into it
 or arrive on its barriers. The host launches whole clusters, at most as many as the GPU holds at once.
+
+A 16-bit output matrix (`TensorMaps.store`, PARTS > 0) is stored by TMA, as cuBLAS's kernels store theirs: the lanes
+write their (paired) values into a staging tile after the slices (`staged`; the graph's stores into the DEFINE_LOCAL
+parts, rules/opt/tensor_core.py `_staged`, each part rendered as a pointer there), and `persistent` puts around each
+part's writes a `store_wait` (the warpgroup's first thread waits until the copy engine has read the part before out of
+the staging tile, `cp.async.bulk.wait_group.read`, and its warpgroup meets it at a named barrier) and a `store_tile`
+(each writer's `fence.proxy.async.shared::cta`, the barrier, then the first thread stores the warpgroup's boxes of 64 x
+64 by `cp.async.bulk.tensor.2d.global.shared::cta` through the output's map, a third `G_TMAP`); before the block ends,
+`store_drain` waits for its stores. The consumers go on into the next tile while the copy engine stores: no lane
+stores the output, and each store is of whole 128-byte lines (the lanes' half2 stores filled 8 half-used sectors a
+warp instruction, ~11% of x @ W's time).
 """
 from __future__ import annotations
+import re
 from rewrite import UOp, UPat, PatternMatcher, Ops, dtypes
 
 BK = 64            # a slice: 128 bytes of 16-bit k (one swizzled row)
@@ -87,18 +99,23 @@ __device__ __forceinline__ void g_cluster_sync() { asm volatile("barrier.cluster
    (consecutive rows of tiles, the same columns, tile for tile) share B's tile: each block's producer copies BN / CLUSTER
    of its columns into every block's slice (multicast), so a slice is refilled once the consumers of every block of the
    cluster released it, and no block ends before the others are done with its barriers (`finish`) */
-template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, int CLUSTER = 1> struct g_tma_pipeline {
+template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, int CLUSTER = 1, int PARTS = 0> struct g_tma_pipeline {
   static constexpr int BK = 64, CONSUMERS = BM * 2, KT = K / BK, REGS = BN / 2;
   static constexpr int A_BYTES = BM * 128, STAGE = (BM + BN) * 128, B_PART = BN / CLUSTER;
+  /* (PARTS > 0: the output tile stored by TMA from a staging tile after the slices, in PARTS parts of BN / PARTS
+     columns; a consumer warpgroup's share of a part: its 64 rows, boxes of 64 x 64 of 8 KiB each) */
+  static constexpr int PART = PARTS ? BN / PARTS : 0, BOXES = PART / 64, STAGING = BM * PART * 2;
   static_assert(sizeof(T) == 2 && BM % 64 == 0 && (BN == 128 || BN == 256) && K % BK == 0 && STAGES >= 2, "tile sizes");
-  static_assert(B_PART % 64 == 0, "a block's share of B: whole boxes of 64 columns");
+  static_assert(B_PART % 64 == 0 && PART % 64 == 0, "a block's share of B, a part of the output: whole boxes of 64 columns");
   unsigned base, bars, rank = 0;   /* the slices (1024-byte aligned); full[s] at bars + 8s, empty[s] at bars + 8 (STAGES + s) */
+  unsigned staged;                 /* the staging tile's offset in g_dynamic_shared (after the slices, 1024-byte aligned) */
   int stage = 0;
   unsigned phase = 0;
   __device__ __forceinline__ g_tma_pipeline() {
     const unsigned raw = g_shared_address(g_dynamic_shared);
     base = (raw + 1023u) & ~1023u;
-    bars = base + STAGES * STAGE;
+    staged = base - raw + STAGES * STAGE;
+    bars = base + STAGES * STAGE + STAGING;
     if (CLUSTER > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; s++) { g_mbar_init(bars + 8 * s, 1); g_mbar_init(bars + 8 * (STAGES + s), CLUSTER * CONSUMERS / 32); }
@@ -146,6 +163,33 @@ template <class T, int BM, int BN, int STAGES, bool B_ALONG_K, int K, int CLUSTE
     g_wgmma_wait<0>();
     if ((tid & 31) == 0) release(last);
   }
+  /* (each consumer thread, PARTS > 0) before its warpgroup writes a part into the staging tile: the TMA store of the
+     part before has read it (the warpgroup's first thread committed that store and waits; its warpgroup with it) */
+  __device__ __forceinline__ void store_wait() {
+    if ((threadIdx.x & 127) == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    g_warpgroup_sync();
+  }
+  /* (each consumer thread) its warpgroup's rows of part `part` of the tile at (row0, col0) are in the staging tile:
+     seen by the copy engine (each writer's proxy fence, then the warpgroup's barrier), its first thread stores them */
+  __device__ __forceinline__ void store_tile(const g_tensor_map& tc, int row0, int col0, int part) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    g_warpgroup_sync();
+    if ((threadIdx.x & 127) == 0) {
+      const int wg = threadIdx.x >> 7;
+      const unsigned src = base + STAGES * STAGE + wg * (64 * PART * 2);
+#pragma unroll
+      for (int b = 0; b < BOXES; b++)
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                     :: "l"(&tc), "r"(col0 + part * PART + 64 * b), "r"(row0 + 64 * wg), "r"(src + b * 8192) : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+  }
+  /* (each consumer thread, last) the stores are done before the block ends (its shared memory goes to the next) */
+  __device__ __forceinline__ void store_drain() {
+    if (PARTS && (threadIdx.x & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+  /* (each thread of a consumer warpgroup) its warpgroup's barrier (named barrier 1 + its index, 128 threads) */
+  __device__ __forceinline__ void g_warpgroup_sync() { asm volatile("bar.sync %0, 128;\n" :: "r"(1 + (threadIdx.x >> 7)) : "memory"); }
   /* (a consumer warp's first lane) slice s read: one arrival on its `empty` barrier in each block of the cluster */
   __device__ __forceinline__ void release(int s) {
     g_mbar_arrive(bars + 8 * (STAGES + s));
@@ -176,8 +220,12 @@ def tensor_map_decls(linear: UOp) -> tuple[str, tuple[str, ...]]:
   # A: rows of k (K-major); B along k: a row of k per column; B along j: a row of columns per k
   maps = [(a, s.k, t.rows, s.lda, BK, s.bm, t.a_offset),
           (b, s.k, t.cols, s.ldb, BK, s.bn // t.cluster, t.b_offset) if s.b_along_k else (b, t.cols, s.k, s.ldb, 64, BK, t.b_offset)]
+  if t.store:   # the output: N columns of M rows, in boxes of 64 x 64 (a consumer warpgroup's rows of 64 columns)
+    maps.append((sorted(u.arg for u in linear.src if u.op is Ops.DEFINE_GLOBAL).index(t.store.buffer), t.cols, t.rows,
+                 t.store.stride, 64, 64, t.store.offset))
   head = "".join(f" G_TMAP({p}, {s.itemsize}, {inner}, {outer}, {ld}, {bi}, {bo}, {off})" for p, inner, outer, ld, bi, bo, off in maps)
-  maps_params = ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b")
+  maps_params = ("const __grid_constant__ g_tensor_map g_map_a", "const __grid_constant__ g_tensor_map g_map_b") \
+    + (("const __grid_constant__ g_tensor_map g_map_c",) if t.store else ())
   cluster = f" __cluster_dims__({t.cluster}, 1, 1)" if t.cluster > 1 else ""
   return (" G_PERSISTENT" if t.persistent else "") + cluster + head, maps_params
 
@@ -190,9 +238,35 @@ def render_tma(ctx, m: UOp) -> str:
   tile's first row and column (the MMA's third and fourth sources) go to the producer's."""
   s = m.arg
   t = ctx.lang.type(getattr(dtypes, s.dtype))
-  pipe = f"g_tma_pipeline<{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.tma.cluster}>"
-  produce = f"g_pipe.produce(g_map_a, g_map_b, {ctx[m.src[2]]}, {ctx[m.src[3]]});"
-  return f"float {ctx.names[m]}[{s.regs}];\ng_pipe.consume({ctx.names[m]});   {_MARK}{pipe} | {produce} */"
+  parts = f", {s.tma.store.parts}" if s.tma.store else ""
+  pipe = f"g_tma_pipeline<{t}, {s.bm}, {s.bn}, {s.stages}, {'true' if s.b_along_k else 'false'}, {s.k}, {s.tma.cluster}{parts}>"
+  at = f"{ctx[m.src[2]]}, {ctx[m.src[3]]}"
+  return f"float {ctx.names[m]}[{s.regs}];\ng_pipe.consume({ctx.names[m]});   {_MARK}{pipe} | g_pipe.produce(g_map_a, g_map_b, {at}); | {at} */"
+
+
+def _staging(ctx, b: UOp) -> str:
+  """A part of a TMA store's staging tile (rules/opt/tensor_core.py `_staged`): a pointer into the pipeline's shared
+  memory, marked with its part for `persistent` (which stores each part after its last write)."""
+  return f"{ctx.lang.type(b.dtype.base)}* {ctx.names[b]} = ({ctx.lang.type(b.dtype.base)}*)(g_dynamic_shared + g_pipe.staged);   {_STAGE}{b.arg[1]} */"
+
+
+_STAGE = "/* G_STAGE "
+
+
+def _stored_parts(lines: list[str], epilogue: list[str], at: str) -> list[str]:
+  """The epilogue with each staging part's TMA store after its last write, and a wait before its first (the part
+  before read out of the staging tile); `lines`: the whole kernel, where the parts' pointers are declared."""
+  names = {m.group(1): int(m.group(2)) for ln in lines if (m := re.search(r"\* (local\d+) = .*" + re.escape(_STAGE) + r"(\d+) \*/", ln))}
+  if not names: return epilogue
+  writes = {p: [i for i, ln in enumerate(epilogue) if re.search(rf"\({name}\+", ln)] for name, p in names.items()}
+  spans = [(min(writes[p]), max(writes[p]), p) for p in sorted(writes)]
+  assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), "a staging part's writes all before the next part's"
+  out = list(epilogue)
+  for first, last, p in reversed(spans):
+    indent = re.match(r"\s*", out[last]).group(0)
+    out[last + 1:last + 1] = [f"{indent}g_pipe.store_tile(g_map_c, {at}, {p});"]
+    out[first:first] = [f"{indent}g_pipe.store_wait();"]
+  return out
 
 
 def persistent(kernel: str, tiles: int, consumers: int) -> str:
@@ -204,17 +278,19 @@ def persistent(kernel: str, tiles: int, consumers: int) -> str:
   lines = kernel.split("\n")
   at = next(i for i, ln in enumerate(lines) if _MARK in ln)
   call, mark = lines[at].split(_MARK)
-  pipe, produce = mark.removesuffix(" */").split(" | ")
-  head, prologue, declare, epilogue = lines[0], lines[1:at - 1], lines[at - 1], lines[at + 1:-1]
+  pipe, produce, tile = mark.removesuffix(" */").split(" | ")
+  head, prologue, declare, epilogue = lines[0], lines[1:at - 1], lines[at - 1], _stored_parts(lines, lines[at + 1:-1], tile)
   loop = f"for (int g_tile = blockIdx.x; g_tile < {tiles}; g_tile += gridDim.x) {{"
   indent = lambda block, n: ["  " * n + ln for ln in block]
   return "\n".join([head, f"  {pipe} g_pipe;", f"  if (threadIdx.x >= {consumers}) {{", "    g_producer_registers();",
                     f"    if (threadIdx.x == {consumers}) {loop}", *indent(prologue, 2), f"      {produce}", "    }",
                     "    g_pipe.finish();", "  } else {", "    g_consumer_registers();", f"    {loop}", *indent(prologue, 2),
-                    *indent([declare, call.rstrip()], 2), *indent(epilogue, 2), "    }", "    g_pipe.finish();", "  }", "}"])
+                    *indent([declare, call.rstrip()], 2), *indent(epilogue, 2), "    }", "    g_pipe.store_drain();",
+                    "    g_pipe.finish();", "  }", "}"])
 
 
 # (before the CUDA renderer's own rules, in a kernel on TMA) the graph's block index is the tile the loop is at
 tma_rules = PatternMatcher([
   (UPat(Ops.SPECIAL, name="s"), lambda s: "g_tile" if s.arg[0][0] == "g" else None, "render_tma_tile"),
+  (UPat(Ops.DEFINE_LOCAL, name="b"), lambda ctx, b: _staging(ctx, b) if b.arg[0] == "tma_store" else None, "render_tma_staging"),
 ], name="render.cuda_tma")

@@ -354,6 +354,8 @@ def _bounds(u: UOp) -> tuple:
       lo, hi = _int_or(b[0][0], None), _int_or(b[0][1], None)
       return (lo, hi) if lo is not None and hi is not None and lo_t <= lo and hi <= hi_t else (lo_t, hi_t)
     if op in (Ops.AND,) and b[0][0] >= 0 and b[1][0] >= 0: return (0, min(b[0][1], b[1][1]))
+    # (non-negative operands: no bit above the larger one's highest)
+    if op in (Ops.OR, Ops.XOR) and b[0][0] >= 0 and b[1][0] >= 0: return (0, (1 << max(b[0][1], b[1][1]).bit_length()) - 1)
     return (lo_t, hi_t)
   return (dtypes.min(dt), dtypes.max(dt))
 

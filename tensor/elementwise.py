@@ -283,8 +283,13 @@ class ElementwiseMixin:
   def silu(self): return _upcast_half(lambda x: x * _sigmoid(x), self)
   @recorded
   def gelu(self):
-    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return _upcast_half(lambda x: x * 0.5 * (1 + (x * math.sqrt(2 / math.pi) * (1 + 0.044715 * x * x)).tanh()), self)
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as x sigmoid(2 sqrt(2/pi)
+    (x + 0.044715 x^3)) (the same function: 1 + tanh(u) = 2 sigmoid(2u)), the sigmoid's exponent's factors one constant:
+    half the operations of the tanh's form (a product's epilogue on tensor cores is bound by them), and no cancellation
+    of 1 + tanh(u) where tanh(u) is near -1."""
+    k = -2 * math.sqrt(2 / math.pi) * LOG2_E
+    # (the sigmoid in the form whose gradient rules/gradient.py takes as one op: 1 / (1 + 2^(y * k)))
+    return _upcast_half(lambda x: x * _alu(Ops.RECIP, _alu(Ops.EXP2, x * (1 + 0.044715 * x * x) * k) + 1), self)
   def square(self): return self * self
 
   def floor(self):

@@ -46,7 +46,7 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       if u.op is Ops.DEFINE_GLOBAL: val[u] = memory[u.arg]
       # a shared tile: one array per block (threads run in lockstep here, so a barrier only has to exist: the
       # structure tests check where it is)
-      elif u.op is Ops.DEFINE_LOCAL: val[u] = np.zeros((shape[0], u.arg[1]), u.dtype.base.np)
+      elif u.op is Ops.DEFINE_LOCAL: val[u] = np.zeros((shape[0], u.arg[-1]), u.dtype.base.np)
       elif u.op is Ops.BARRIER and u.src[0].op is Ops.DEFINE_LOCAL: val[u] = val[u.src[0]]
       elif u.op is Ops.SPECIAL: val[u] = np.arange(u.arg[1], dtype=np.int32).reshape((-1, 1) if u.arg[0][0] == "g" else (1, -1))
       elif u.op is Ops.INDEX:
@@ -96,6 +96,24 @@ def run_grid(linear, memory: dict[int, np.ndarray]) -> None:
       elif u.op is Ops.CAST: val[u] = np.asarray(v(u.src[0])).astype(u.dtype.np)
       else: val[u] = np.asarray(ALU[u.op](*[v(s) for s in u.src])).astype(u.dtype.np)
       pc += 1
+  for u in linear.src:
+    if u.op is Ops.DEFINE_LOCAL and u.arg[0] == "tma_store": tma_store(linear, u, val)
+
+
+def tma_store(linear, staging, val) -> None:
+  """What the TMA stores of a staging tile's part (renderers/cuda_tma.py, rules/opt/tensor_core.py `_staged`) write:
+  per block, warpgroup g's rows of the part as boxes of 64 x 64, each in the 128-byte swizzle (element (r, c) of a box
+  at r*64 + ((c/8) ^ (r%8))*8 + c%8), to the output's rows row0 + 64g.. and columns col0 + part*width + 64b.."""
+  (mma,) = [u for u in linear.src if u.op is Ops.MMA]
+  spec, (_, part, size) = mma.arg, staging.arg
+  out, store, width = val[staging.src[0]], mma.arg.tma.store, size // spec.bm
+  row0, col0 = (np.broadcast_to(val[mma.src[i]], val[staging].shape[:1] + (1,))[:, 0] for i in (2, 3))
+  r, c = np.arange(64)[:, None], np.arange(64)[None, :]
+  for blk, tile in enumerate(val[staging]):
+    for g in range(spec.bm // 64):
+      for b in range(width // 64):
+        box = tile[g * 64 * width + b * 4096 + r * 64 + ((c // 8) ^ (r % 8)) * 8 + c % 8]
+        out[store.offset + (row0[blk] + 64 * g + r) * store.stride + col0[blk] + part * width + 64 * b + c] = box
 
 
 def host_steps(tensors, multiprocessors: int = MULTIPROCESSORS, split: str = "off") -> tuple[list[UOp], list[UOp]]:

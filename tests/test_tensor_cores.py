@@ -2,7 +2,7 @@
 block, its epilogue applied to each accumulator. Without a GPU: the plan, the CUDA text, nvcc for sm_90, and the
 graph around MMA run in the numpy model of a grid (tests/test_gpu_stages.py) with MMA modelled by mma.sync's documented
 accumulator layout; on a GPU (DEVICE=CUDA runs): the numbers against numpy with 16-bit tolerances."""
-import os
+import os, re
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
@@ -160,7 +160,8 @@ def test_on_hopper_a_large_half_product_is_a_tile_of_warpgroup_mma():
   name = batched.split(" void ")[1].split("(")[0]
   assert "__launch_bounds__(256)" in batched and dynamic_shared_bytes(batched, name) == 4 * (128 + 128) * 64 * 2 + 1024
   regs = TileSpec("float16", 128, 256, 8, 1, 64, 4, False, 512, 512, 4096, True).regs
-  assert regs == 128 and gelu.count("exp2f(") == regs and gelu.count("*(half2*)(data0+") == regs // 2   # the epilogue per accumulator
+  # the epilogue per accumulator, a pair of columns written at a time into the staging tile (stored by TMA: below)
+  assert regs == 128 and gelu.count("exp2f(") == regs and len(re.findall(r"\*\(half2\*\)\(local\d+\+", gelu)) == regs // 2
   source = renderer.source([batched, bf16])
   for needle in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
                  "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
@@ -178,29 +179,32 @@ def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpg
   nn, gelu, nt, bf16, batched = (cuda_text(p) for p in wgmma_programs())
   # 2 consumer warpgroups and the producer's; 4 slices of 128x256 (6 of 128x128) and their two mbarriers each; clusters
   # of 2 blocks (consecutive rows of tiles, the same columns) sharing B's tile by multicast
-  assert "g_tma_pipeline<half, 128, 256, 4, false, 512, 2>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
-  assert "g_tma_pipeline<half, 128, 256, 4, true, 512, 2>" in nt                                        # B along k
-  assert "g_tma_pipeline<__nv_bfloat16, 128, 128, 6, false, 256, 2>" in bf16   # 128x256 gives 72 blocks: 128x128
+  # (the output stored by TMA from a staging tile in 2 parts: below)
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 512, 2, 2>" in nn and "__launch_bounds__(384, 1)" in nn   # B along j
+  assert "g_tma_pipeline<half, 128, 256, 4, true, 512, 2, 2>" in nt                                        # B along k
+  assert "g_tma_pipeline<__nv_bfloat16, 128, 128, 6, false, 256, 2, 2>" in bf16   # 128x256 gives 72 blocks: 128x128
   assert "__cluster_dims__(2, 1, 1)" in nn and cluster_blocks(nn, nn.split(" void ")[1].split("(")[0]) == 2
   # each block waits for the other at its end (neither ends while the other may still arrive on its barriers)
   assert nn.count("g_pipe.finish();") == 2
   assert "g_tma_pipeline<" in gelu and "g_tma_pipeline<" not in batched   # (a batch: cp.async)
   name = nn.split(" void ")[1].split("(")[0]
-  assert dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024 + 4 * 16
+  assert dynamic_shared_bytes(nn, name) == 4 * (128 + 256) * 64 * 2 + 1024 + 4 * 16 + 128 * 128 * 2   # (+ half a tile staged)
   # persistent: the producer's thread and the consumers each loop over the block's tiles (2048/128 x 4096/256 of them;
   # the host launches at most a block a multiprocessor), the producer copying on into the next tile during the stores
   assert persistent(nn, name) and not persistent(batched, batched.split(" void ")[1].split("(")[0])
   # a long k (65 slices of 64) keeps a block per tile, the hardware handing them out as multiprocessors free up
   long = cuda_text(Tensor(np.zeros((2048, 4160), np.float16)) @ Tensor(np.zeros((4160, 4096), np.float16)))
   # (and takes no cluster: a cluster's blocks start and end together, which a block per tile measured slower)
-  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160, 1>" in long and "__cluster_dims__" not in long and not persistent(long, long.split(" void ")[1].split("(")[0])
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 4160, 1, 2>" in long and "__cluster_dims__" not in long and not persistent(long, long.split(" void ")[1].split("(")[0])
   assert nn.count("for (int g_tile = blockIdx.x; g_tile < 256; g_tile += gridDim.x) {") == 2
-  assert nn.index("g_pipe.produce(") < nn.index("g_pipe.consume(") < nn.index("*(half2*)(data0+")
+  assert nn.index("g_pipe.produce(") < nn.index("g_pipe.consume(") < nn.index("g_pipe.store_tile(")
   # the maps, made by the host from the buffers' pointers: A 2048 rows of 512 k in boxes of 64 x 128 rows; B (along j)
   # 512 rows of 4096 columns in boxes of 64 x 64; B along k, 4096 rows of 512 k in boxes of 64 x 128 (a block's half)
-  assert tensor_maps(nn, name) == [TensorMapDecl(1, 2, 512, 2048, 512, 64, 128, 0), TensorMapDecl(2, 2, 4096, 512, 4096, 64, 64, 0)]
+  # the output (below) 2048 rows of 4096 columns in boxes of 64 x 64
+  assert tensor_maps(nn, name) == [TensorMapDecl(1, 2, 512, 2048, 512, 64, 128, 0), TensorMapDecl(2, 2, 4096, 512, 4096, 64, 64, 0),
+                                   TensorMapDecl(0, 2, 4096, 2048, 4096, 64, 64, 0)]
   assert tensor_maps(nt, nt.split(" void ")[1].split("(")[0])[1] == TensorMapDecl(2, 2, 512, 4096, 512, 64, 128, 0)
-  assert kernel_params(nn, name) == ["CUdeviceptr"] * 3 + ["CUtensorMap"] * 2
+  assert kernel_params(nn, name) == ["CUdeviceptr"] * 3 + ["CUtensorMap"] * 3
   source = renderer.source([nn])
   for needle in ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
                  "mbarrier.arrive.expect_tx", "setmaxnreg.dec.sync.aligned.u32", "setmaxnreg.inc.sync.aligned.u32",
@@ -212,6 +216,35 @@ def test_a_matrix_product_on_hopper_takes_its_tiles_by_tma_from_a_producer_warpg
   x, w = Tensor(normal(2056, 512)), Tensor(normal(512, 4096))
   shifted = cuda_text(x[8:] @ w)
   assert tensor_maps(shifted, shifted.split(" void ")[1].split("(")[0])[0].offset == 8 * 512
+
+
+def test_a_tma_tiles_half_output_is_stored_by_tma_from_a_staging_tile(monkeypatch):
+  import rules.opt.tensor_core as tc
+  from renderers.cuda import renderer
+  x, w, b = Tensor(normal(2048, 512)), Tensor(normal(512, 4096)), Tensor(normal(4096))
+  gelu = cuda_text((x @ w + b).gelu())
+  body = gelu.split("g_pipe.consume(")[1]
+  # each consumer warpgroup writes its rows of a part (128 of the 256 columns) into the staging tile, then its first
+  # thread stores them by TMA; the next part waits until the copy engine has read the part before; the block waits for
+  # its stores before it ends. No lane stores the output itself.
+  assert "(data0+" not in body and body.count("g_pipe.store_wait();") == 2 and body.count("g_pipe.store_tile(g_map_c,") == 2
+  first, second = (re.search(rf"\* (local\d+) = \(half\*\)\(g_dynamic_shared \+ g_pipe.staged\);   /\* G_STAGE {p} \*/", gelu).group(1) for p in (0, 1))
+  assert body.index("g_pipe.store_wait();") < body.index(f"({first}+") < body.rindex(f"({first}+") < body.index("store_tile(g_map_c, v34, v32, 0);") \
+    < body.rindex("g_pipe.store_wait();") < body.index(f"({second}+") < body.rindex(f"({second}+") < body.index("store_tile(g_map_c, v34, v32, 1);") \
+    < body.index("g_pipe.store_drain();")
+  assert "half* __restrict__ data0" in gelu and "const half* __restrict__ data0" not in gelu   # (written, by TMA)
+  source = renderer.source([gelu])
+  for needle in ("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group", "cp.async.bulk.commit_group", "fence.proxy.async.shared::cta",
+                 "cp.async.bulk.wait_group.read 0", "cp.async.bulk.wait_group 0", "bar.sync %0, 128"):
+    assert needle in source, needle
+  # a float32 output keeps its lanes' stores (and the stages the staging tile would take)
+  wide = cuda_text(x.matmul(w, dtype=dtypes.float32))
+  assert "g_tma_pipeline<half, 128, 256, 4, false, 512, 2> g_pipe;" in wide and "*(data0+" in wide and "store_tile" not in wide
+  # the whole tile staged (one part: 64 KiB, a slice fewer in flight), or none (TMA_STORE_PARTS = 0: the lanes store)
+  monkeypatch.setattr(tc, "TMA_STORE_PARTS", 1)
+  assert "g_tma_pipeline<half, 128, 256, 3, false, 512, 2, 1> g_pipe;" in cuda_text(x @ w)
+  monkeypatch.setattr(tc, "TMA_STORE_PARTS", 0)
+  assert "*(half2*)(data0+" in cuda_text(x @ w)
 
 
 def test_wgmma_only_on_sm_90_and_graft_wgmma_0_turns_it_off(monkeypatch):
@@ -278,7 +311,8 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
               Tensor(normal(2048, 32)) @ Tensor(normal(32, 2048)), x.matmul(w, dtype=dtypes.float32),   # k 32: mma.sync
               *wgmma_programs(), conv_case(np.float16, n=8, c=64, o=128, hw=(48, 48), bias=True)[0],   # (a conv on wgmma)
               Tensor(normal(16896, 576)) @ Tensor(normal(576, 128)),   # one column of blocks, 9 slices (C7514 below)
-              Tensor(normal(1152, 512)) @ Tensor(normal(512, 4096))]   # 9 rows of tiles: TMA without a cluster
+              Tensor(normal(1152, 512)) @ Tensor(normal(512, 4096)),   # 9 rows of tiles: TMA without a cluster
+              Tensor(normal(2048, 512)).matmul(Tensor(normal(512, 4096)), dtype=dtypes.float32)]   # TMA, stored by the lanes
   monkeypatch.delenv("GRAFT_TF32", raising=False)   # a strict float32 convolution: the FMA tile
   strict = conv_case(np.float32, o=128, hw=(16, 16), stride=2, bias=True)[0].kernel_sources(device="CUDA")
   monkeypatch.setenv("GRAFT_TF32", "1")   # TF32 products and convolutions (their input gathered) too: mma.sync
@@ -292,7 +326,8 @@ def test_every_tensor_core_kernel_compiles_for_sm_90(tmp_path, monkeypatch):
   assert all(any(t in k for t in ("g_mma_tile<", "g_wgmma_tile<", "g_tma_pipeline<", "g_fma_tile<") for k in ks) for ks in sources)
   kernels = list(dict.fromkeys(k for ks in sources for k in ks))
   assert any("g_mma_tile<half, 128, 128," in k for k in kernels) and sum("g_wgmma_tile<" in k for k in kernels) == 5
-  assert sum("g_tma_pipeline<" in k for k in kernels) == 6 and any("false, 512, 1> g_pipe;" in k for k in kernels)
+  assert sum("g_tma_pipeline<" in k for k in kernels) == 7 and any("false, 512, 1, 2> g_pipe;" in k for k in kernels)
+  assert sum("g_pipe.store_tile(" in k for k in kernels) == 6 and any("false, 512, 2> g_pipe;" in k for k in kernels)
   assert sum("g_wgmma_tile<float," in k for k in kernels) == 3   # (x @ W: the transposed product, B in registers)
   assert sum("g_gather<" in k for k in kernels) == 5 and sum("g_mma_tile<float," in k for k in kernels) == 5
   assert sum("g_fma_tile<" in k for k in kernels) == 1
@@ -389,6 +424,7 @@ def test_each_accumulator_goes_to_its_output_in_the_model_grid(make, monkeypatch
   if out.shape == (1024, 256): assert (specs[0].bm, specs[0].bn) == (128, 128)
   assert specs[0].wgmma == (out.shape in ((256, 512), (2, 128, 256)))
   assert (specs[0].tma is not None) == (out.shape == (256, 512))   # (TMA: no batch; its producer's threads repeat no store)
+  assert (specs[0].tma is None) or specs[0].tma.store is not None   # (its output stored by TMA: the model's `tma_store`)
   assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
@@ -690,6 +726,24 @@ def test_tma_tiles_follow_new_inputs_on_a_warm_call_and_an_offset_view_on_the_gp
   out = Tensor(x, device="CUDA")[8:] @ Tensor(w, device="CUDA")   # A's map starts 8 rows into its buffer
   assert "g_tma_pipeline" in cuda_text(out)
   assert rel_err(out.numpy().astype(np.float32), x[8:].astype(np.float32) @ w.astype(np.float32)) < 2e-3
+
+
+@pytest.mark.parametrize("epilogue", ["residual", "bias-gelu", "bf16-128x128"])
+def test_outputs_stored_by_tma_from_shared_memory_on_the_gpu(gpu, epilogue):
+  # the lanes write the output tile into a swizzled staging tile, the copy engine stores it (in halves of its columns)
+  x, w, r = normal(2048, 512, seed=7), normal(512, 4096, seed=8), normal(2048, 4096, seed=9)
+  tx, tw, tr = Tensor(x, device="CUDA"), Tensor(w, device="CUDA"), Tensor(r, device="CUDA")
+  z = (x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16).astype(np.float32)
+  if epilogue == "residual": out, want = tx @ tw + tr, z + r.astype(np.float32)
+  elif epilogue == "bias-gelu":
+    out, u = (tx @ tw + tr[0]).gelu(), z + r[0].astype(np.float32)
+    want = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
+  else:   # 128x128 tiles (128x256 would give fewer blocks than multiprocessors), 6 slices in flight beside a staging tile
+    xb, wb = Tensor(x, dtype="bfloat16", device="CUDA"), Tensor(w[:, :2048], dtype="bfloat16", device="CUDA")
+    out, want = xb @ wb, xb.numpy().astype(np.float32) @ wb.numpy().astype(np.float32)
+  text = cuda_text(out)
+  assert "g_pipe.store_tile(g_map_c" in text and "(data0+" not in text.split("g_pipe.consume(")[1]
+  assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
 def test_wgmma_with_a_batch_and_an_epilogue_on_the_gpu(gpu):

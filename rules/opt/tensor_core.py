@@ -47,6 +47,11 @@ tile's call (in the graph they hold the accumulators of thread lidx % the tile's
 many slices in flight as shared memory holds; a tile of at most PERSISTENT_SLICES slices of k is persistent (a block a
 multiprocessor loops over the tiles), in clusters of TMA_CLUSTER blocks that share B's tile by multicast where the rows
 of tiles pair up (`TensorMaps.persistent`, `.cluster`). A gathered A, a batch, and TF32 keep the cp.async copies.
+Such a tile's output, where it is a 16-bit matrix of the product's rows and columns (contiguous along j, not gated, rows
+and offset in whole 16 bytes: `StoreMap`, `TensorMaps.store`), is stored by TMA: each (paired) store goes instead into
+a staging tile in shared memory (a DEFINE_LOCAL ("tma_store", part, elements) per part of TMA_STORE_PARTS, its source
+the output's buffer; `_staged` lays it out as the output map's 128-byte swizzled boxes), and renderers/cuda_tma.py
+stores each part by `cp.async.bulk.tensor` once its warpgroup has written it.
 
 Strict float32 (`TileSpec.fma`, FMA_TILES, renderers/cuda_mma.py `g_fma_tile`): only a gathered A of two or more row
 loops or k loops (a convolution's windows; a float32 matrix product keeps the GPU's float32 tile plan,
@@ -118,6 +123,11 @@ PERSISTENT_SLICES = 64
 # 1.691 against 1.675: a cluster's blocks start and end together), nor 4 blocks (0.505 ms: the GPU holds 30 clusters of
 # 4 such blocks, 120 of its 132 multiprocessors)
 TMA_CLUSTER = 2
+# a TMA tile's 16-bit output matrix is stored by TMA (`TensorMaps.store`, renderers/cuda_tma.py): the lanes write the
+# tile into shared memory (128-byte swizzled boxes of 64 x 64), and one thread of each consumer warpgroup stores its
+# boxes with `cp.async.bulk.tensor`, in this many parts of BN/parts columns (each part's staging read by the copy
+# engine before the next is written; 0: the lanes store the output themselves)
+TMA_STORE_PARTS = 2
 FMA_PAD = 4                # floats added to a row of the FMA tile's B (its column-wise copy then hits 32 banks)
 CHUNK = 16                  # bytes: cp.async copies 16-byte chunks, so contiguous rows and their strides are aligned to it
 MAX_GATHERED_K = 8192      # a gathered operand's k offsets are a table in shared memory (4 bytes each)
@@ -207,6 +217,19 @@ class TensorMaps:
   b_offset: int
   cluster: int = 1   # blocks of a cluster (consecutive rows of tiles, the same columns) sharing B's tile by multicast
   persistent: bool = False   # a block a multiprocessor, looping over the tiles (else a block per tile)
+  store: StoreMap | None = None   # the output stored by TMA from a staging tile in shared memory (else the lanes store it)
+
+
+@dataclass(frozen=True)
+class StoreMap:
+  """A TMA tile's output stored by the tensor memory accelerator (renderers/cuda_tma.py): a 16-bit matrix of the
+  product's rows and columns, rows `stride` elements apart from `offset` elements into buffer `buffer` (the kernel's
+  DEFINE_GLOBAL slot), both whole 16 bytes. The lanes write the tile into a staging tile in shared memory, in `parts`
+  parts of BN/parts columns each (a part's TMA store reads the staging tile before the next part is written there)."""
+  buffer: int
+  stride: int
+  offset: int
+  parts: int
 
 
 @dataclass(frozen=True)
@@ -247,7 +270,10 @@ class TileSpec:
   def shared_bytes(self) -> int:   # wgmma's tiles start on a 1024-byte boundary: 1 KiB more to find it
     if self.fma: return (self.bm + self.bn + FMA_PAD) * self.bk * 4 * self.stages + 4 * self.k
     return (self.bm + self.bn) * self.bk * self.itemsize * self.stages + (1024 if self.wgmma else 0) + (4 * self.k if self.gather else 0) \
-      + (16 * self.stages if self.tma else 0)   # (TMA: two 8-byte mbarriers a slice)
+      + (16 * self.stages if self.tma else 0) + self.staging_bytes   # (TMA: two 8-byte mbarriers a slice)
+  @property
+  def staging_bytes(self) -> int:   # (a TMA store's staging tile: a part of the block's output tile)
+    return self.bm * self.bn * 2 // self.tma.store.parts if self.tma and self.tma.store else 0
 
 
 @dataclass
@@ -371,9 +397,22 @@ def _roles(st: UOp, red: UOp, a: UOp, b: UOp, ia: dict, ib: dict, axes: list[UOp
     # (blocks 2c and 2c + 1 take consecutive rows of tiles of the same columns where the rows of tiles are even:
     # block_order's groups of rows; each block's share of B whole boxes of 64 columns)
     pairs = (m // chosen.bm) % TMA_CLUSTER == 0 and BLOCK_GROUP[1] == "rows" and chosen.bn // TMA_CLUSTER % 64 == 0
-    maps = TensorMaps(m, size(j), ia.get(None, 0), ib.get(None, 0), TMA_CLUSTER if persistent and pairs else 1, persistent)
+    maps = TensorMaps(m, size(j), ia.get(None, 0), ib.get(None, 0), TMA_CLUSTER if persistent and pairs else 1, persistent,
+                      _store_map(st, rows[0], j, m, size(j), chosen))
     chosen = _on_tma(chosen, maps, max_shared(arch))
   return Product(st, red, a, b, rows, j, ks, batch, chosen)
+
+
+def _store_map(st: UOp, row: UOp, j: UOp, m: int, n: int, spec: TileSpec) -> StoreMap | None:
+  """The TMA store of a tile's output (TMA_STORE_PARTS parts; 0: none), where the output is a 16-bit matrix of the
+  product's rows (loop `row`) and columns (j, contiguous), not gated, rows and offset in whole 16 bytes."""
+  out = st.src[1].dtype
+  if not TMA_STORE_PARTS or out not in HALVES or len(st.src) != 2 or spec.bm % 64 or spec.bn % (64 * TMA_STORE_PARTS): return None
+  idx, align = _affine(st.src[0].src[1]), CHUNK // out.itemsize
+  if idx is None or idx.get(j) != 1 or set(idx) - {row, j, None}: return None
+  stride, offset = idx.get(row, 0), idx.get(None, 0)
+  if stride < n or stride % align or offset % align: return None
+  return StoreMap(st.src[0].src[0].arg, stride, offset, TMA_STORE_PARTS)
 
 
 def _on_tma(spec: TileSpec, maps: TensorMaps, shared: int) -> TileSpec:
@@ -454,10 +493,32 @@ def to_tensor_cores(ctx: TensorCoreContext, sink: UOp) -> UOp | None:
     moves = {**at, **_split(row0 + row, p.rows), p.j: pid_n * s.bn + col}
     stores.append(substitute(store, {p.red: acc, **moves}))
   if _pairs_columns(p, s): stores = [_paired(lo, hi) for lo, hi in zip(stores[::2], stores[1::2])]
+  if s.tma and s.tma.store: stores = _staged(s, lane, stores, p.store.src[0].src[0])
   axis = {r: n for n, r in enumerate(kernel_axes(sink))}
   plan = Plan((*(Opt(OptKind.TENSOR_CORE, axis[r], s.bm) for r in p.rows), Opt(OptKind.TENSOR_CORE, axis[p.j], s.bn),
                *(Opt(OptKind.TENSOR_CORE, axis[k], s.bk) for k in p.ks)), "tensor_core")
   return UOp(Ops.SINK, sink.dtype, tuple(stores), plan)
+
+
+def _staged(s: TileSpec, lane: UOp, stores: list[UOp], out: UOp) -> list[UOp]:
+  """The (paired) stores of a tile whose output TMA stores (`TensorMaps.store`), each into the staging tile in shared
+  memory instead: part p (columns p*BN/parts..) a DEFINE_LOCAL of its own (arg ("tma_store", p, elements); its source
+  the output's buffer, which the TMA store writes), all parts at the same place (renderers/cuda_tma.py stores each
+  part before the next is written). Warpgroup g's rows 64g.. of a part are its boxes of 64 x 64 (8 KiB each) in turn,
+  laid out as the 128-byte swizzle the output's map asks for: element (r, c) of a box at r*64 + ((c/8) ^ (r%8))*8 +
+  c%8 (in wgmma's layout r%8 is lane/4 and c/8 one per accumulator, so a warp's 4-byte writes hit 32 banks)."""
+  width = s.bn // s.tma.store.parts
+  size = s.bm * width
+  locals_ = [UOp(Ops.DEFINE_LOCAL, out.dtype.base.ptr("shared"), (out,), ("tma_store", part, size)) for part in range(s.tma.store.parts)]
+  staged = []
+  for n, st in enumerate(stores):
+    row, col = accumulator_at(s, lane, n * (s.regs // len(stores)))   # (a pair's first accumulator)
+    part = col.vmin // width
+    assert col.vmax // width == part, "a store's columns in one part"
+    c = col % 64
+    at = (row // 64) * (64 * width) + ((col % width) // 64) * 4096 + (row % 64) * 64 + (((c // 8) ^ (row % 8)) * 8) + c % 8
+    staged.append(st.replace(src=(UOp(Ops.INDEX, locals_[part].dtype, (locals_[part], at)), st.src[1])))
+  return staged
 
 
 def _approximate_reciprocals(store: UOp) -> UOp:
