@@ -746,6 +746,23 @@ def test_outputs_stored_by_tma_from_shared_memory_on_the_gpu(gpu, epilogue):
   assert_allclose(out.numpy().astype(np.float32), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("into", ["rows 8..", "columns 128..", "rows reversed", "columns reversed"])
+def test_a_product_assigned_into_part_of_a_buffer_on_the_gpu(gpu, into):
+  # the output map starts where the target view does (a TMA store), or the lanes store a target TMA cannot say
+  x, w, b = normal(2048, 512, seed=10), normal(512, 4096, seed=11), normal(4096, seed=12)
+  y0 = normal(2064, 4224, seed=13)
+  y = Tensor(y0, device="CUDA")
+  where = {"rows 8..": np.s_[8:2056, :4096], "columns 128..": np.s_[:2048, 128:],
+           "rows reversed": np.s_[2047::-1, :4096], "columns reversed": np.s_[:2048, 4223:127:-1]}[into]
+  y[where] = (Tensor(x, device="CUDA") @ Tensor(w, device="CUDA") + Tensor(b, device="CUDA")).relu()
+  from runtime.realize import last_program
+  (src,) = [ck.source for ck in last_program().kernels_called() if "g_tma_pipeline" in ck.source]   # written in place
+  assert ("g_pipe.store_tile(g_map_c" in src) == ("reversed" not in into)
+  want = y0.astype(np.float32)
+  want[where] = np.maximum((x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16).astype(np.float32) + b.astype(np.float32), 0)
+  assert_allclose(y.numpy().astype(np.float32), want, rtol=2e-2, atol=2e-2)   # and nothing outside the view written
+
+
 def test_wgmma_with_a_batch_and_an_epilogue_on_the_gpu(gpu):
   a, w, b = normal(4, 1024, 128, seed=3), normal(4, 128, 1024, seed=4), normal(1024, seed=5)
   out = (Tensor(a, device="CUDA") @ Tensor(w, device="CUDA") + Tensor(b, device="CUDA")).gelu()
