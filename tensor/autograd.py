@@ -5,7 +5,9 @@ to the reverse walk of rules/gradient.py, which builds the gradient graph from t
 tensor of that graph, so the next realize (the optimizer's step, say) computes forward and backward together.
 
 A tensor takes part as a target through its node in the graph: a realized tensor through its BUFFER (so every view
-of its memory, `w.T` included, passes its gradient on to it), a lazy one through its own node.
+of its memory, `w.T` included, passes its gradient on to it), a lazy one through its own node. Setting
+requires_grad realizes a lazy tensor first (a leaf is memory of its own, as in torch): two equal lazy tensors are one
+node, and would share their gradients.
 """
 from __future__ import annotations
 import contextlib, threading, weakref
@@ -54,11 +56,14 @@ class AutogradMixin:
 
   @requires_grad.setter
   def requires_grad(self, value: bool):
-    self._requires_grad = bool(value)
     if value:
       if not self.dtype.is_float: raise TypeError(f"only floating-point tensors can require gradients, not {self.dtype.name}")
+      # a leaf is memory of its own, as torch's: two equal lazy tensors are one node (hash-consing), and as targets
+      # they would share their gradients (`Tensor.full((2, 2), 1.0)` twice: each .grad the sum of both)
+      if not self.is_realized: self.realize()
       _requiring.add(self)
     else: _requiring.discard(self)
+    self._requires_grad = bool(value)
 
   def requires_grad_(self, value: bool = True):
     self.requires_grad = value

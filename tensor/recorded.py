@@ -88,10 +88,10 @@ def _stand_in(u: UOp) -> tuple[UOp, tuple] | None:
 
 
 def _constant_form(u: UOp) -> tuple:
-  """What a record depends on of a constant input (a VIEW of a CONST): its View and its value, a float by its bits
-  (a NaN is then equal to itself as a key, and -0.0 is not 0.0)."""
+  """What a record depends on of a constant input (a VIEW of a CONST): its View and its value, a float by its hex text
+  and sign (a NaN is then equal to itself as a key, -NaN is not NaN, and -0.0 is not 0.0)."""
   value = u.src[0].arg
-  return ("constant", u.arg, value.__class__, value.hex() if value.__class__ is float else value)
+  return ("constant", u.arg, value.__class__, (value.hex(), math.copysign(1.0, value)) if value.__class__ is float else value)
 
 
 def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None:
@@ -116,8 +116,9 @@ def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None
       steps.append((n.op, n.dtype, n.arg, n._key[2], tuple([where.get(s, s) for s in n.src])))
     elif n.op is Ops.BUFFER: return None
     else: fixed.add(n)
-  if out in fixed:   # made of constants alone (a causal mask): the record is that node (a bare constant is no work)
-    return ([out], []) if not (out.op is Ops.VIEW and out.src[0].op is Ops.CONST) else None
+  if out in fixed:   # made of constants alone (a causal mask): the record is that node (a bare constant is no work;
+    # with inputs that folded away the mark would hold their stand-ins, a user's buffer among them, in the record)
+    return ([out], []) if not inputs and not (out.op is Ops.VIEW and out.src[0].op is Ops.CONST) else None
   if out not in where: return None
   kept = list(dict.fromkeys(s for *_, srcs in steps for s in srcs if s.__class__ is not int))
   at, first = {u: k for k, u in enumerate(kept)}, len(kept) + len(inputs)
@@ -152,11 +153,12 @@ def recorded(method):
   @functools.wraps(method)
   def run(self, *args, **kwargs):
     if _first_calls.depth: return method(self, *args, **kwargs)   # inside a first call: as its replays build it
-    # (default_float: what an integer input computes in, read by the operations on the first call)
+    # (default_float and default_int: what integer inputs and Python numbers compute in, read by the operations on the
+    # first call)
     # each stand-in once, numbered in the key: two arguments read through one node (q and k, views of one qkv) are
     # one input of the record, and a + a is not a + b
     stands: dict[UOp, int] = {}
-    parts = [name, grad_enabled(), dtypes.default_float]
+    parts = [name, grad_enabled(), dtypes.default_float, dtypes.default_int]
     for a in (self, *args):
       if hasattr(a, "uop"):
         u = a.uop

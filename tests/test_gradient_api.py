@@ -108,3 +108,15 @@ def test_a_gradient_through_a_chain_deeper_than_pythons_recursion():
   for _ in range(3000): x = x * 1.0001 + w.sum()   # every step reads a reduction: the backward keeps what it reads
   (g,) = x.sum().gradient(w)
   assert g.shape == (4,)
+
+
+def test_two_equal_lazy_leaves_have_gradients_of_their_own():
+  # Tensor.full((2, 2), 1.0) made twice is one node (hash-consing): as targets the two shared their gradients (each
+  # .grad was the sum of both). A tensor that requires gradients is memory of its own, as torch's leaves
+  m = Tensor.full((2, 2), 1.0).requires_grad_()
+  (m * 5).sum().backward()
+  w = Tensor.full((2, 2), 1.0).requires_grad_()
+  (w * 7).sum().backward()
+  np.testing.assert_array_equal(m.grad.numpy(), np.full((2, 2), 5.0))
+  np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 2), 7.0))
+  assert m.is_realized and m.uop is not w.uop

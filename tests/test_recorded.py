@@ -226,3 +226,13 @@ def test_a_change_of_the_default_float_is_a_new_record():
     assert x.mean(1).dtype is dtypes.float16
   finally: dtypes.default_float = dtypes.float32
   assert x.mean(1).dtype is dtypes.float32
+
+
+def test_the_default_int_is_part_of_the_key(monkeypatch):
+  # where(1, 2) computes in the default int: a replay after it changed must not give the record's dtype
+  c = Tensor(np.array([True, False]))
+  assert c.where(1, 2).dtype is dtypes.int32 and c.where(1, 2).dtype is dtypes.int32   # (recorded, replayed)
+  monkeypatch.setattr(dtypes, "default_int", dtypes.int64)
+  out = c.where(1, 2)
+  assert out.dtype is dtypes.int64
+  np.testing.assert_array_equal(out.numpy(), [1, 2])

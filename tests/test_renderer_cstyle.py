@@ -143,3 +143,14 @@ def test_a_cat_of_a_one_element_view_reads_its_element(width):
   b = np.random.default_rng(90985).integers(-5, 6, (1, width)).astype(np.float32)
   got = Tensor(a)[-2, None].cat(Tensor(b), axis=1).numpy()
   np.testing.assert_array_equal(got, np.concatenate([a[-2, None], b], axis=1))
+
+
+@pytest.mark.parametrize("pads", [(2, 2), (30, 33)])
+def test_a_pad_of_one_element_of_a_computed_tensor_reads_that_element(pads):
+  # the view of a computed (5, 1) tensor reads its element 1 at every index: the index was clamped where the pad's
+  # mask is off (`valid ? 1 : 0`), which gcc 12.2 -O3 folded into the bool's -1 lane mask (it read element -1, gave
+  # element 0), and stopped on with an internal error at the wider pad (found by a review). A constant index inside
+  # its source needs no clamp (rules/lower.py `index_view`)
+  a = np.arange(1, 6, dtype=np.float32).reshape(5, 1)
+  for row in range(5):
+    np.testing.assert_array_equal((Tensor(a) * 1)[row].pad((pads,)).numpy(), np.pad(a[row], (pads,)))
