@@ -141,6 +141,17 @@ def gated_read(ctx: RenderContext, buf: UOp, idx: UOp, valid: UOp, type_: str, d
   return ctx.declare(type_, f"{deref}({ctx[buf]}+{at})")
 
 
+def _index_selected(ctx: RenderContext, buf: UOp, w: UOp) -> str | None:
+  """An address at a constant index or 0 (`c ? k : 0`: a padded view's index clamped where it is padding) with the
+  select inside the address: the same select or product as a value of its own before the load (`int k = c ? 1 : 0`,
+  `1*c`) is what gcc 12.2 -O3 -march=native folds into the bool's -1 lane mask at k = 1 (a read of element -1, or an
+  internal compiler error from 16 lanes); written inside the address it compiled right in every case of a sweep
+  (docs/design.md, "Wrong answers the fuzzer found")."""
+  c, k, zero = w.src
+  if k.op is not Ops.CONST or zero.op is not Ops.CONST or zero.arg != 0 or not w.dtype.is_int: return None
+  return f"({ctx[buf]}+({ctx[c]}?{ctx[k]}:0))"
+
+
 def render_gated_load(ctx: RenderContext, ld: UOp, buf: UOp, idx: UOp, valid: UOp) -> str:
   return f"({ctx[valid]}?{gated_read(ctx, buf, idx, valid, ctx.lang.type(ld.dtype))}:{ctx.lang.literal(ld.dtype, 0)})"
 
@@ -171,6 +182,7 @@ cstyle_rules = PatternMatcher([
   (UPat(Ops.NOOP, name="u"), lambda ctx, u: ctx[u.src[0]], "render_value_after"),
   (UPat(Ops.CONST, name="c"), lambda ctx, c: ctx.lang.literal(c.dtype, c.arg), "render_const"),
   (UPat(Ops.DEFINE_GLOBAL, name="g"), lambda g: f"data{g.arg}", "render_define_global"),
+  (UPat(Ops.INDEX, src=(UPat.var("buf"), UPat(Ops.WHERE, name="w"))), _index_selected, "render_index_selected"),
   (UPat(Ops.INDEX, name="i"), lambda ctx, i: f"({ctx[i.src[0]]}+{ctx[i.src[1]]})", "render_index"),
   (UPat(Ops.LOAD, src=(UPat.var("idx"),)), lambda ctx, idx: f"(*{ctx[idx]})", "render_load"),
   (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, src=(UPat.var("buf"), UPat.var("idx"))), UPat.var("valid"))), render_gated_load),
