@@ -109,6 +109,10 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
         self.uop = unbuilt.build()
         _take_unbuilt(self)
         return note(self).uop
+    # Python comes here too when a property's getter raised AttributeError inside: run it again from here, so that
+    # its own error (the attribute really missing) is raised, not "no attribute" of the property's name
+    if (attr := getattr(type(self), name, None)) is not None and isinstance(attr, property):
+      return attr.__get__(self, type(self))
     raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def _graph(self):
@@ -135,7 +139,9 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
 
   # ---- properties ----
   @property
-  def dtype(self) -> DType: return self.uop.dtype
+  def dtype(self) -> DType:
+    try: return _uop_slot(self).dtype
+    except AttributeError: return self._graph().dtype   # (an unbuilt replay's dtype: no need to build it)
   @property
   def ndim(self) -> int: return len(self.shape)
   def numel(self) -> int: return math.prod(self.shape)

@@ -236,3 +236,21 @@ def test_the_default_int_is_part_of_the_key(monkeypatch):
   out = c.where(1, 2)
   assert out.dtype is dtypes.int64
   np.testing.assert_array_equal(out.numpy(), [1, 2])
+
+
+def test_the_dtype_of_a_replay_does_not_build_it():
+  inputs("float32", 0).softmax(-1)
+  out = inputs("float32", 1).softmax(-1)
+  assert out.dtype is dtypes.float32 and replayed(out)
+
+
+def test_an_attribute_error_inside_a_property_names_what_is_missing():
+  # Tensor.__getattr__ (which builds an unbuilt replay's graph) is what Python calls when a property raises
+  # AttributeError inside: the error says what is really missing, not that the property is
+  class Annotated(Tensor):
+    __slots__ = ()
+    @property
+    def label(self): return self.missing_label
+  t = Annotated(np.ones(2, np.float32))
+  with pytest.raises(AttributeError, match="missing_label"): t.label
+  with pytest.raises(AttributeError, match="no attribute 'nothing'"): t.nothing
