@@ -3,8 +3,8 @@
   python bench/graph_build.py                # every row, 12-layer GPT
   python bench/graph_build.py --quick        # fewer repeats, 2-layer GPT
 
-Rows: one tensor operation each on float32 tensors x (128, 768), y (128, 768), b (768,), w (768, 768), built and
-dropped (nothing is realized), in microseconds per operation; then the GPT forward of examples/gpt.py (12 layers,
+Rows: one tensor operation each on float32 tensors x (128, 768), y (128, 768), b (768,), w (768, 768), s (128, 128),
+qkv (3, 128, 64) and a bool mask m (128, 128), built and dropped (nothing is realized), in microseconds per operation; then the GPT forward of examples/gpt.py (12 layers,
 128 tokens, width 768): the graph built on a new input tensor (ms per forward and the number of tensors it makes), and
 `find_program` on that graph (the warm call's key: the cached program is found, nothing is compiled).
 
@@ -13,7 +13,7 @@ count), the median of alternating repeats. tinygrad 0.14 builds its lazy graph o
 inputs, nothing realized), where it is importable; it has no GPT forward here.
 """
 from __future__ import annotations
-import argparse, gc, os, statistics, sys, time
+import argparse, gc, math, os, statistics, sys, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT); sys.path.insert(0, os.path.join(ROOT, "examples"))
 import numpy as np
@@ -29,6 +29,12 @@ OPS = {   # name -> what it builds (the same text for both frameworks)
   "x.sum(-1)": lambda t: t.x.sum(-1),
   "x @ w": lambda t: t.x @ t.w,
   "x.softmax(-1)": lambda t: t.x.softmax(-1),
+  # what a GPT layer's attention builds besides (examples/gpt.py): its causal mask, the masked scores, q @ k.T of one
+  # qkv tensor, and an index
+  "full((128, 128), True).triu(1)": lambda t: t.Tensor.full((128, 128), True).triu(1),
+  "s.masked_fill(m, -inf)": lambda t: t.s.masked_fill(t.m, -math.inf),
+  "qkv[0] @ qkv[1].T": lambda t: t.qkv[0] @ t.qkv[1].T,
+  "x[0]": lambda t: t.x[0],
 }
 
 
@@ -36,7 +42,8 @@ def graft_tensors():
   from tensor import Tensor
   rng = np.random.default_rng(0)
   t = lambda *s: Tensor(rng.standard_normal(s, np.float32))
-  class T: x, y, b, w = t(128, 768), t(128, 768), t(768), t(768, 768)
+  class T: x, y, b, w, s, qkv = t(128, 768), t(128, 768), t(768), t(768, 768), t(128, 128), t(3, 128, 64)
+  T.Tensor, T.m = Tensor, Tensor(np.triu(np.ones((128, 128), bool), 1))
   return T
 
 
@@ -46,6 +53,7 @@ def tinygrad_tensors():
     from tinygrad import Tensor
   except Exception: return None
   class T: x, y, b, w = Tensor.empty(128, 768), Tensor.empty(128, 768), Tensor.empty(768), Tensor.empty(768, 768)
+  T.Tensor, T.s, T.qkv, T.m = Tensor, Tensor.empty(128, 128), Tensor.empty(3, 128, 64), Tensor.full((128, 128), True).triu(1)
   return T
 
 
@@ -95,7 +103,7 @@ def gpt_rows(layers: int, repeats: int) -> None:
   calls = iter(range(10**9))
   def build(): model.forward(xs[next(calls) % len(xs)])
   outs = [model.forward(x) for x in xs]
-  def key(): o = outs[next(calls) % len(outs)]; find_program([(o.uop, o.device)])
+  def key(): o = outs[next(calls) % len(outs)]; find_program([(o._graph(), o.device)])   # (as realize keys it)
   t_build, t_key = timed_alternately([build, key], repeats)
   print(f"gpt forward, {layers} layers, 128 tokens, width 768: graph built {t_build * 1e3:.2f} ms ({made[0]} tensors "
         f"made, {t_build / made[0] * 1e6:.1f} us each); find_program {t_key * 1e3:.2f} ms")

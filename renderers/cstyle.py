@@ -134,22 +134,27 @@ def gated_read(ctx: RenderContext, buf: UOp, idx: UOp, valid: UOp, type_: str, d
   the buffer is ever formed, and no branch guards a load. With the plain `valid ? buf[idx] : 0`, gcc 12.2 -O3 turns
   the guarded reads of an unrolled loop into a group of masked vector loads and reads a backward walk one element off
   (issue 22); a select in the index (`valid ? idx : 0`) does not help, since gcc threads the branch back onto the
-  load. A product has no branch to thread. But a constant index is the select (`valid ? 1 : 0`): gcc 12.2 folds
-  `1*valid` of a loop's known lanes into the bool's -1 mask (it read buf[-1]: a cat of a one-element view, found by
-  bench/fuzz.py) or stops with an internal error at 16 lanes and more. `deref` reads a vector: `*(floatx8*)`."""
-  at = f"({ctx[valid]}?{ctx[idx]}:0)" if idx.op is Ops.CONST else f"{ctx[idx]}*{ctx[valid]}"
-  return ctx.declare(type_, f"{deref}({ctx[buf]}+{at})")
+  load. A product has no branch to thread; but a constant index is a select inside the address (`selected_address`).
+  `deref` reads a vector: `*(floatx8*)`."""
+  address = selected_address(ctx, buf, valid, idx) if idx.op is Ops.CONST else f"({ctx[buf]}+{ctx[idx]}*{ctx[valid]})"
+  return ctx.declare(type_, f"{deref}{address}")
+
+
+def selected_address(ctx: RenderContext, buf: UOp, c: UOp, k: UOp) -> str:
+  """buf + (c ? k : 0) for a constant k, the select written inside the address: as a value of its own before the load
+  (`1*c`, or `int i = c ? 1 : 0`) gcc 12.2 -O3 -march=native folds it into the bool's -1 lane mask at k = 1 and reads
+  element -1 (a cat of a one-element view, `x[1].pad(...)` of a computed tensor: wrong numbers at 5 lanes, an internal
+  compiler error from 16); inside the address it compiled right in every case of a sweep (docs/design.md, "Wrong
+  answers the fuzzer found")."""
+  return f"({ctx[buf]}+({ctx[c]}?{ctx[k]}:0))"
 
 
 def _index_selected(ctx: RenderContext, buf: UOp, w: UOp) -> str | None:
-  """An address at a constant index or 0 (`c ? k : 0`: a padded view's index clamped where it is padding) with the
-  select inside the address: the same select or product as a value of its own before the load (`int k = c ? 1 : 0`,
-  `1*c`) is what gcc 12.2 -O3 -march=native folds into the bool's -1 lane mask at k = 1 (a read of element -1, or an
-  internal compiler error from 16 lanes); written inside the address it compiled right in every case of a sweep
-  (docs/design.md, "Wrong answers the fuzzer found")."""
+  """An index clamped to a constant or 0 (`c ? k : 0`: a padded view of a computed tensor, rules/lower.py
+  `index_view`), selected inside its address."""
   c, k, zero = w.src
   if k.op is not Ops.CONST or zero.op is not Ops.CONST or zero.arg != 0 or not w.dtype.is_int: return None
-  return f"({ctx[buf]}+({ctx[c]}?{ctx[k]}:0))"
+  return selected_address(ctx, buf, c, k)
 
 
 def render_gated_load(ctx: RenderContext, ld: UOp, buf: UOp, idx: UOp, valid: UOp) -> str:

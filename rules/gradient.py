@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib, math
 from rewrite import UOp, UPat, PatternMatcher, Ops, DType, rewrite_each, substitute
 from .shapes import shape_of
-from .realize import holds_reduction, expands
+from .realize import holds_reduction, expands, is_constant
 from .strided_view import View, contiguous_strides
 
 LN_2 = math.log(2)
@@ -216,12 +216,6 @@ def kept(u: UOp) -> UOp:
   return substitute(u, {r: _stored(r) for r in _inline_reductions(u)}, opaque=lambda n: not _holds_reduction(n))
 
 
-def _constant_value(u: UOp) -> bool:
-  """u is a constant (a VIEW of a CONST): it has no gradient, so none is made for it (`kept` of the other operand
-  walks that operand's graph: x * 1.0001 at every step of a deep chain made the backward quadratic)."""
-  return u.op is Ops.VIEW and u.src[0].op is Ops.CONST
-
-
 def _inline_reductions(u: UOp) -> list[UOp]:
   """The reductions u computes itself: reached through elementwise ops and views, not behind a buffer."""
   out, seen, stack = [], set(), [u]
@@ -248,7 +242,7 @@ def _contraction_grad(ctx: UOp, node: UOp, m: UOp):
     # gradient: one buffer of it, which the operand's kernel reads, not a second product computed inline
     return {x: g * _stored_view(kept(y)), y: g * _stored_view(kept(x))}
   c, x, zero = m.src   # WHERE(c, x, 0): the one-hot pick; its gradient is the one-hot (stored as 0/1) times g
-  if not (zero.op is Ops.VIEW and zero.src[0].op is Ops.CONST and zero.src[0].arg == 0): return None
+  if not (is_constant(zero) and zero.src[0].arg == 0): return None
   if not (x.op is Ops.VIEW and expands(x.arg)):
     # x is not broadcast (a gather's, cross-entropy's pick of one logit per row): its gradient is elementwise, the
     # incoming gradient where the pick hit; no product follows, so nothing is stored
@@ -267,13 +261,15 @@ gradient_rules = PatternMatcher([
   (UPat(Ops.RECIP, name="node", src=(UPat(Ops.ADD, src=[UPat(Ops.EXP2, src=(UPat(Ops.MUL, src=[UPat.var("x"), _constant]),)),
                                                         _one]),)), _sigmoid_grad),
   (UPat(Ops.ADD, name="node"), lambda ctx, node: (ctx, ctx), "grad_add"),
+  # (a constant operand has no gradient, so none is made for it: `kept` of the other operand walks that operand's graph,
+  # and x * 1.0001 at every step of a deep chain made the backward quadratic)
   (UPat(Ops.MUL, name="node", src=(UPat.var("a"), UPat.var("b"))),
-   lambda ctx, node, a, b: (None if _constant_value(a) else ctx * kept(b), None if _constant_value(b) else ctx * kept(a)),
+   lambda ctx, node, a, b: (None if is_constant(a) else ctx * kept(b), None if is_constant(b) else ctx * kept(a)),
    "grad_mul"),
   (UPat(Ops.MULACC, name="node"), lambda ctx, node: (ctx * node.src[1], ctx * node.src[0], ctx), "grad_mulacc"),
   (UPat(Ops.NEG), lambda ctx: (-ctx,), "grad_neg"),
   (UPat(Ops.FDIV, src=(UPat.var("a"), UPat.var("b"))),
-   lambda ctx, a, b: (ctx / kept(b), None if _constant_value(b) else -(ctx * kept(a)) / (kept(b) * kept(b))), "grad_fdiv"),
+   lambda ctx, a, b: (ctx / kept(b), None if is_constant(b) else -(ctx * kept(a)) / (kept(b) * kept(b))), "grad_fdiv"),
   (UPat(Ops.RECIP, name="node"), lambda ctx, node: (-(ctx * kept(node) * kept(node)),), "grad_recip"),
   (UPat(Ops.SQRT, name="node"), lambda ctx, node: (ctx / (kept(node) * const_like(node, 2.0)),), "grad_sqrt"),
   (UPat(Ops.EXP2, name="node"), lambda ctx, node: (ctx * kept(node) * const_like(node, LN_2),), "grad_exp2"),

@@ -12,7 +12,7 @@ loops on the reduced axes, and a buffer turns them into a load. This is how view
 Buffers are numbered in order of first use, outputs first, so equal kernels over different buffers render the same.
 """
 from __future__ import annotations
-import itertools, math
+import itertools
 from dataclasses import dataclass, field
 from rewrite import UOp, UPat, PatternMatcher, Ops, GroupOp, dtypes
 from .strided_view import View, unflatten, contiguous_strides
@@ -60,18 +60,9 @@ def index_view(ctx: LowerContext, i: UOp, v: UOp, x: UOp) -> UOp:
     return UOp(Ops.LOAD, i.dtype, (index,) if valid is None else (index, valid))
   if x.op is Ops.CONST: return guarded(valid, UOp.const(i.dtype, x.arg))
   if (direct := broadcast_indices(v.arg, shape_of(x), idxs)) is not None: return indexed(x, direct)
-  if valid is not None and may_leave(flat, x): flat = valid.where(flat, UOp.const(flat.dtype, 0))
-  return guarded(valid, indexed(x, unflatten(flat, shape_of(x))))
-
-
-def may_leave(flat: UOp, x: UOp) -> bool:
-  """Whether a padded view's flat index `flat` may lie outside its computed source x where the view is padding. x's
-  loads are computed there anyway (the where is a select) and would read outside their buffers (GRAFT_SANITIZE found
-  it, issue 22), so such an index is clamped to 0 there. A constant inside x needs no clamp, and must have none:
-  `valid ? 1 : 0` as an index is what gcc 12.2 -O3 folds into the bool's -1 lane mask (it read element -1:
-  `x[1].pad(((2, 2),))` of a computed (5, 1) x gave element 0; renderers/cstyle.py renders such an index inside its
-  address besides)."""
-  return not (flat.op is Ops.CONST and 0 <= flat.arg < math.prod(shape_of(x)))
+  # where the view is padding, `flat` may lie outside x, and x's loads, computed anyway (the where is a select), would
+  # read outside their buffers (GRAFT_SANITIZE found it, issue 22): there x is read at index 0 instead
+  return guarded(valid, indexed(x, unflatten(flat if valid is None else valid.where(flat, UOp.const(flat.dtype, 0)), shape_of(x))))
 
 
 def broadcast_indices(view: View, shape: tuple[int, ...], idxs) -> list[UOp] | None:

@@ -97,12 +97,12 @@ def _tensor_core_ctx(run: Run) -> TensorCoreContext:
 def _host_ctx(run: Run) -> HostContext: return run.host
 
 
-def _attention_ctx(run: Run) -> AttentionContext:
-  run.attention = AttentionContext(run.device_loops, run.multiprocessors)
-  return run.attention
-
-
 def _attention_rows_ctx(run: Run) -> AttentionContext: return AttentionContext(run.device_loops, run.multiprocessors)
+
+
+def _attention_ctx(run: Run) -> AttentionContext:   # (what it decided is kept for DEBUG=2)
+  run.attention = _attention_rows_ctx(run)
+  return run.attention
 
 
 def _on_device_loops(run: Run) -> bool: return run.device_loops

@@ -55,6 +55,11 @@ class NewBuffer:
 
 
 # ---- helpers for the rules' right-hand sides ----
+def is_constant(u: UOp) -> bool:
+  """u is a constant: the tensor-level form of one, a VIEW of a CONST (a value with no buffer and no gradient)."""
+  return u.op is Ops.VIEW and u.src[0].op is Ops.CONST
+
+
 def is_buffer_view(u: UOp) -> bool:
   """u is a whole buffer read in order: the realized form of a tensor."""
   return u.op is Ops.VIEW and u.src[0].op is Ops.BUFFER and u.arg.is_contiguous and u.arg.size == u.src[0].arg.size

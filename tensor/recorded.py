@@ -26,6 +26,7 @@ import functools, math, threading
 from rewrite import UOp, Ops, DType, dtypes
 from rewrite.uop import _intern, _UOpFields
 from rules.shapes import shape_of
+from rules.realize import is_constant
 from .autograd import grad_enabled
 from .assign import drop_internal_view
 
@@ -118,7 +119,7 @@ def _record(out: UOp, inputs: list[UOp]) -> tuple[list[UOp], list[tuple]] | None
     else: fixed.add(n)
   if out in fixed:   # made of constants alone (a causal mask): the record is that node (a bare constant is no work;
     # with inputs that folded away the mark would hold their stand-ins, a user's buffer among them, in the record)
-    return ([out], []) if not inputs and not (out.op is Ops.VIEW and out.src[0].op is Ops.CONST) else None
+    return ([out], []) if not inputs and not is_constant(out) else None
   if out not in where: return None
   kept = list(dict.fromkeys(s for *_, srcs in steps for s in srcs if s.__class__ is not int))
   at, first = {u: k for k, u in enumerate(kept)}, len(kept) + len(inputs)
@@ -172,7 +173,7 @@ def recorded(method):
     key = tuple(parts)
     try: rec = _records.get(key)
     except TypeError: return method(self, *args, **kwargs)   # an argument that does not hash (a list of axes)
-    if rec is not None: return self._from_unbuilt(Unbuilt(rec, list(stands)), rec.shape, self.device)
+    if rec is not None: return self._from_uop(Unbuilt(rec, list(stands)), rec.shape, self.device)
     _first_calls.depth += 1
     try: out = method(self, *args, **kwargs)
     finally: _first_calls.depth -= 1

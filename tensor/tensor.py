@@ -15,7 +15,7 @@ import numpy as np
 from rewrite import UOp, Ops, DType, dtypes
 from rewrite.dtypes import bf16_bits, bf16_to_float32, bf16_round
 from rules.strided_view import View, scalar_view
-from rules.realize import CLONE
+from rules.realize import CLONE, is_constant
 from .promotion import to_dtype, is_scalar, py_scalar, check_fits
 from .args import shape_arg, device_name, countable
 from .elementwise import ElementwiseMixin
@@ -84,18 +84,17 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     note(self)
 
   @classmethod
-  def _from_uop(cls, uop: UOp, shape: tuple[int, ...], device: str) -> Tensor:
+  def _from_uop(cls, uop, shape: tuple[int, ...], device: str) -> Tensor:
+    """The tensor of graph `uop`; or of a recorded composite's result not built yet (tensor/recorded.py Unbuilt), its
+    graph made when first read (`__getattr__`)."""
     t = object.__new__(cls)
-    t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
-      uop, shape if shape.__class__ is tuple else tuple(shape), device, False, None, None
+    t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
+      shape if shape.__class__ is tuple else tuple(shape), device, False, None, None
+    if uop.__class__ is not UOp:
+      t._unbuilt = uop
+      return t
+    t.uop = uop
     return note(t)   # the memory it views, if it is a view of memory (tensor/assign.py)
-
-  @classmethod
-  def _from_unbuilt(cls, unbuilt, shape: tuple[int, ...], device: str) -> Tensor:
-    """A recorded composite's result (tensor/recorded.py Unbuilt), its graph made when first read (`__getattr__`)."""
-    t = object.__new__(cls)
-    t._unbuilt, t.shape, t.device, t._requires_grad, t.grad, t._viewing = unbuilt, shape, device, False, None, None
-    return t
 
   def __getattr__(self, name: str):
     # called only for an attribute not found: `uop` of an unbuilt result is made here. Built, then set, then the
@@ -125,7 +124,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
   def _new(self, uop: UOp, shape: tuple[int, ...] | None = None) -> Tensor:
     """A tensor on this one's device (of this one's shape unless told); inside no_grad(), detached (constants carry
     no gradient and stay as they are)."""
-    if not grad_enabled() and not (uop.op is Ops.VIEW and uop.src[0].op is Ops.CONST) and uop.op is not Ops.DETACH:
+    if not grad_enabled() and not is_constant(uop) and uop.op is not Ops.DETACH:
       uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     t = _new_tensor(self.__class__)   # (_from_uop, inlined: every operation makes its result here)
     t.uop, t.shape, t.device, t._requires_grad, t.grad, t._viewing = \
@@ -189,7 +188,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     if dtypes.bfloat16 in (dtype, self.dtype) and dtypes.float32 not in (dtype, self.dtype):
       return self.cast(dtypes.float32).cast(dtype)
     u = self.uop
-    if u.op is Ops.VIEW and u.src[0].op is Ops.CONST and (v := _cast_const(u.src[0].arg, dtype)) is not None:
+    if is_constant(u) and (v := _cast_const(u.src[0].arg, dtype)) is not None:
       return self._new(UOp(Ops.VIEW, dtype, (UOp.const(dtype, v),), u.arg))  # a cast constant is a constant
     return self._new(UOp(Ops.CAST, dtype, (u,)))
   def float(self) -> Tensor: return self.cast(dtypes.float32)
@@ -218,7 +217,7 @@ class Tensor(ElementwiseMixin, ReduceMixin, MovementMixin, NNMixin, RandomMixin,
     """This tensor on `device` ("CPU", "CUDA"): a COPY node, or the tensor itself when it is there already."""
     device = device_name(device)
     if device == self.device: return self
-    if _is_const(self.uop): return self._from_uop(self.uop, self.shape, device)  # constants live everywhere
+    if is_constant(self.uop): return self._from_uop(self.uop, self.shape, device)  # constants live everywhere
     return self._from_uop(UOp(Ops.COPY, self.dtype, (self.uop,), (self.device, device)), self.shape, device)
 
   # ---- realizing ----
@@ -341,7 +340,6 @@ def _take_unbuilt(t: Tensor) -> None:
 def _fits(dtype: DType, *values: int) -> bool: return all(dtypes.min(dtype) <= v <= dtypes.max(dtype) for v in values)
 
 
-def _is_const(u: UOp) -> bool: return u.op is Ops.VIEW and u.src[0].op is Ops.CONST
 
 
 def _cast_const(value, dtype: DType):
